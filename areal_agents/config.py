@@ -1,0 +1,280 @@
+"""Typed configuration from dataclasses, with Hydra-style command-line overrides.
+
+Each component keeps its own config dataclass next to its code; a command line (``train``,
+``eval``) composes them into a root dataclass and calls :func:`load_config`. Overrides are
+``key=value`` pairs with dotted paths (``trainer.max_staleness=4``). A key that names a nested
+config with a plain value selects a *config group*: the nested dataclass's ``from_name``
+classmethod builds the preset (``algo=grpo``, ``env=code_sandbox``). Group selections apply
+before field overrides, whatever their order, as in Hydra. ``config=PATH.yaml`` loads a file
+first. Every value is converted to the field's annotated type, and ``__post_init__``
+validation runs on the result, so a bad key or value fails at start-up with its name.
+
+>>> from dataclasses import dataclass, field
+>>> @dataclass
+... class Opt:
+...     lr: float = 1e-3
+...     betas: tuple[float, ...] = (0.9, 0.999)
+>>> @dataclass
+... class Root:
+...     steps: int = 10
+...     opt: Opt = field(default_factory=Opt)
+>>> load_config(Root, ["steps=3", "opt.lr=0.5", "opt.betas=[0.8,0.9]"])
+Root(steps=3, opt=Opt(lr=0.5, betas=(0.8, 0.9)))
+"""
+
+
+import dataclasses
+import os
+import tempfile
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar, Union
+
+import yaml
+
+from areal_agents.errors import ConfigError, did_you_mean
+
+__all__ = ["apply_overrides", "dump_yaml", "from_dict", "load_config", "to_dict"]
+
+T = TypeVar("T")
+_NONE_WORDS = {"none", "null", "~"}
+
+
+def to_dict(cfg: Any) -> Any:
+    """A dataclass tree as plain dicts, lists and scalars (what ``config.yaml`` holds)."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple | list):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, Mapping):
+        return {str(k): to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, Path):
+        return str(cfg)
+    return cfg
+
+
+def dump_yaml(cfg: Any, path: str | os.PathLike[str]) -> None:
+    """Write ``cfg`` as YAML, atomically (write to a temporary file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+    os.replace(f.name, path)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert ``value`` (a CLI string or a YAML scalar) to the annotated type ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        is_none = value is None or (isinstance(value, str) and value.lower() in _NONE_WORDS)
+        if is_none and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: cannot use {value!r}")
+    if origin is typing.Literal:
+        for choice in args:
+            if value == choice or str(value) == str(choice):
+                return choice
+        raise ConfigError(
+            f"{key}={value!r} is not allowed; choose one of {list(args)}"
+            + did_you_mean(str(value), [str(a) for a in args])
+        )
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, str):
+            return _select_group(tp, value, key)
+        if isinstance(value, Mapping):
+            return from_dict(tp, value, prefix=key)
+        if isinstance(value, tp):
+            return value
+        raise ConfigError(f"{key}: expected a mapping for {tp.__name__}, got {value!r}")
+    if isinstance(value, str) and tp is not str:
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{key}: cannot parse {value!r}: {e}") from None
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if origin in (tuple, list):
+        if value is None:
+            value = []
+        if isinstance(value, str | int | float):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        item_tp = args[0] if args else Any
+        items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict or origin is Mapping:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Path:
+        return Path(str(value))
+    return value
+
+
+def _select_group(tp: type, name: str, key: str) -> Any:
+    factory = getattr(tp, "from_name", None)
+    if factory is None:
+        fields = [f.name for f in dataclasses.fields(tp)]
+        raise ConfigError(f"{key}={name!r}: {key} is a section; set one of its keys: {fields}")
+    return factory(name)
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:
+    """Build ``cls`` from a (possibly partial) nested mapping, converting every value."""
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in hints or key not in names:
+            raise ConfigError(f"unknown config key {path!r}" + did_you_mean(str(key), names))
+        kwargs[key] = _coerce(value, hints[key], path)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def _split(override: str) -> tuple[str, str]:
+    key, sep, value = override.partition("=")
+    key = key.strip().lstrip("+")
+    if not sep or not key:
+        raise ConfigError(f"override {override!r} must look like key=value (e.g. trainer.steps=10)")
+    return key, value
+
+
+def apply_overrides(cfg: T, overrides: Sequence[str]) -> T:
+    """A copy of ``cfg`` with ``key=value`` overrides applied and validated."""
+    pairs = [_split(o) for o in overrides]
+    tree = _shallow(cfg)
+    # Group selections first (a key naming a nested config), then leaf keys, like Hydra.
+    ordered = sorted(pairs, key=lambda kv: not _is_group_key(type(cfg), kv[0]))
+    for key, value in ordered:
+        _set_path(type(cfg), tree, key.split("."), value, key)
+    return _build(type(cfg), tree, "")
+
+
+def _is_group_key(cls: type, key: str) -> bool:
+    tp: Any = cls
+    for part in key.split("."):
+        if not (dataclasses.is_dataclass(tp) and isinstance(tp, type)):
+            return False
+        hints = _hints(tp)
+        if part not in hints:
+            return False
+        tp = hints[part]
+    return dataclasses.is_dataclass(tp)
+
+
+def _shallow(cfg: Any) -> dict[str, Any]:
+    """A dataclass as a dict whose nested dataclasses are dicts too (values left as they are)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        is_cfg = dataclasses.is_dataclass(value) and not isinstance(value, type)
+        out[f.name] = _shallow(value) if is_cfg else value
+    return out
+
+
+def _set_path(cls: type, tree: dict[str, Any], parts: list[str], value: str, full: str) -> None:
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    head = parts[0]
+    if head not in names:
+        where = full[: len(full) - len(".".join(parts))].rstrip(".")
+        scope = f" in {where!r}" if where else ""
+        raise ConfigError(f"unknown config key {full!r}{scope}" + did_you_mean(head, names))
+    tp = hints[head]
+    nested = dataclasses.is_dataclass(tp) and isinstance(tp, type)
+    if len(parts) == 1:
+        if nested:
+            tree[head] = _shallow(_select_group(tp, value, full))
+        else:
+            tree[head] = _coerce(value, tp, full)
+        return
+    if not nested:
+        raise ConfigError(f"{full!r}: {head!r} is a value, not a section")
+    _set_path(tp, tree[head], parts[1:], value, full)
+
+
+def _build(cls: type[T], tree: Mapping[str, Any], prefix: str) -> T:
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for name, value in tree.items():
+        tp = hints[name]
+        path = f"{prefix}.{name}" if prefix else name
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type) and isinstance(value, dict):
+            kwargs[name] = _build(tp, value, path)
+        else:
+            kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def load_config(cls: type[T], argv: Sequence[str] = ()) -> T:
+    """Build ``cls`` from its defaults, an optional ``config=FILE.yaml``, then overrides."""
+    argv = list(argv)
+    files = [a.split("=", 1)[1] for a in argv if a.startswith("config=")]
+    rest = [a for a in argv if not a.startswith("config=")]
+    cfg: T = cls()
+    for file in files:
+        path = Path(file)
+        if not path.is_file():
+            raise ConfigError(f"config={file}: no such file")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"config={file}: the file must hold a mapping of keys")
+        cfg = from_dict(cls, _merge(to_dict(cfg), data))
+    return apply_overrides(cfg, rest)
+
+
+def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,27 @@
+"""Gymnasium environments for multi-turn tool use, and their registration."""
+
+from areal_agents.envs.base import ERROR_KINDS, MultiTurnEnv, Score, Task
+from areal_agents.envs.calculator import CalculatorEnv
+from areal_agents.envs.registry import (
+    ALIASES,
+    BUILTIN_ENVS,
+    make_env,
+    register_builtin_envs,
+    resolve_env_id,
+)
+from areal_agents.envs.spaces import MessagesSpace, TurnSpace
+
+__all__ = [
+    "ALIASES",
+    "BUILTIN_ENVS",
+    "ERROR_KINDS",
+    "CalculatorEnv",
+    "MessagesSpace",
+    "MultiTurnEnv",
+    "Score",
+    "Task",
+    "TurnSpace",
+    "make_env",
+    "register_builtin_envs",
+    "resolve_env_id",
+]

@@ -1,0 +1,102 @@
+"""One error hierarchy for the whole package.
+
+Three kinds of failure get three treatments (see DESIGN.md):
+
+* the model's mistakes are never exceptions: environments turn them into observations;
+* infrastructure faults derive from :class:`InfrastructureError`: callers retry a bounded
+  number of times, then drop the episode and count it (never score it 0);
+* configuration and programming errors derive from :class:`ConfigError` /
+  :class:`DependencyError` and are raised at once with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = [
+    "AgentsError",
+    "ConfigError",
+    "DependencyError",
+    "EndpointError",
+    "EpisodeDropped",
+    "ImageNotFoundError",
+    "InfrastructureError",
+    "SandboxError",
+    "SandboxUnavailableError",
+    "ToolError",
+    "UnknownEnvironmentError",
+    "WeightSyncError",
+    "did_you_mean",
+]
+
+
+class AgentsError(Exception):
+    """Root of every error raised on purpose by areal_agents."""
+
+
+# --- configuration and programming errors -------------------------------------------------
+
+
+class ConfigError(AgentsError, ValueError):
+    """A configuration value is wrong; the message names the key and the fix."""
+
+
+class UnknownEnvironmentError(ConfigError):
+    """An environment name or id is not registered."""
+
+
+class DependencyError(AgentsError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+    @classmethod
+    def missing(cls, module: str, extra: str) -> DependencyError:
+        return cls(f"{module} is not installed: pip install 'areal-agents[{extra}]'")
+
+
+# --- the model's mistakes, raised inside tools and turned into observations ---------------
+
+
+class ToolError(AgentsError):
+    """A tool could not do what the model asked. Environments report it back to the model."""
+
+
+# --- infrastructure faults ------------------------------------------------------------------
+
+
+class InfrastructureError(AgentsError):
+    """Something outside the model failed (sandbox, endpoint, weight sync). Retry, then drop."""
+
+
+class SandboxError(InfrastructureError):
+    """The sandbox itself failed (container died, daemon gone), not the program inside it."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """The requested sandbox backend cannot run on this machine."""
+
+
+class ImageNotFoundError(SandboxError, ConfigError):
+    """The sandbox image is missing; the message says how to build it."""
+
+
+class EndpointError(InfrastructureError):
+    """An inference endpoint failed after the allowed retries."""
+
+
+class WeightSyncError(InfrastructureError):
+    """New weights could not be pushed to an inference server in time."""
+
+
+class EpisodeDropped(InfrastructureError):
+    """An episode could not finish because of an infrastructure fault; it is dropped and counted."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """A ``" (did you mean 'x'?)"`` suffix for error messages, or ``""``.
+
+    >>> did_you_mean("grop", ["grpo", "ppo"])
+    " (did you mean 'grpo'?)"
+    """
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,1 @@
+"""Training: losses, advantages, the trajectory buffer, learners, rollout workers, the loop."""

@@ -1,0 +1,303 @@
+"""Data that crosses component boundaries: messages, tool calls, turns and trajectories.
+
+Everything here is a frozen dataclass with no dependency beyond the standard library, so an
+environment, a policy client and a learner can exchange them without importing one another.
+
+>>> call = ToolCall(name="calculator", arguments='{"expression": "2+2"}', id="call_0")
+>>> call.parsed_arguments()
+{'expression': '2+2'}
+>>> Message.assistant("", tool_calls=(call,)).to_openai()["tool_calls"][0]["function"]["name"]
+'calculator'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "Message",
+    "Role",
+    "ToolCall",
+    "ToolSpec",
+    "Trajectory",
+    "Turn",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+_ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call requested by the model.
+
+    ``arguments`` is the JSON text exactly as the model (or the endpoint) produced it; it is
+    parsed lazily so that malformed arguments can be reported back to the model instead of
+    failing at construction.
+    """
+
+    name: str
+    arguments: str = "{}"
+    id: str = ""
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """The arguments as a dict; raises ``ValueError`` when they are not a JSON object."""
+        value = json.loads(self.arguments) if self.arguments.strip() else {}
+        if not isinstance(value, dict):
+            raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
+        return value
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI ``tool_calls`` entry for this call."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any]) -> ToolCall:
+        """Build from an OpenAI ``tool_calls`` entry (dict form)."""
+        function = data.get("function") or {}
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        return cls(
+            name=str(function.get("name", "")), arguments=arguments, id=str(data.get("id", ""))
+        )
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the model sees it: the OpenAI function schema."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"tool name {self.name!r} must be non-empty [A-Za-z0-9_-]")
+        if self.parameters.get("type") != "object":
+            raise ValueError(f"tool {self.name!r}: parameters must be a JSON schema of type object")
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI ``tools`` entry for this tool."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            },
+        }
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any]) -> ToolSpec:
+        """Build from an OpenAI ``tools`` entry."""
+        function = data.get("function", data)
+        return cls(
+            name=str(function["name"]),
+            description=str(function.get("description", "")),
+            parameters=dict(function.get("parameters") or {"type": "object", "properties": {}}),
+        )
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One assistant turn as produced by a policy.
+
+    ``tool_calls`` is ``None`` when the endpoint did not parse tool calls (the environment then
+    parses them from ``text``), and a tuple (possibly empty) when it did. The token fields are
+    filled by token-level clients: ``prompt_token_ids`` is the whole context the turn was
+    sampled from, ``token_ids``/``logprobs``/``versions`` describe the sampled tokens (one
+    policy version per token, since a weight update may land in the middle of a turn).
+    """
+
+    text: str
+    tool_calls: tuple[ToolCall, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
+    versions: tuple[int, ...] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        n = None if self.token_ids is None else len(self.token_ids)
+        for name in ("logprobs", "versions"):
+            value = getattr(self, name)
+            if value is not None and (n is None or len(value) != n):
+                raise ValueError(f"Turn.{name} has {len(value)} entries for {n} token ids")
+
+    @property
+    def version(self) -> int | None:
+        """The newest policy version that produced any token of this turn."""
+        return max(self.versions) if self.versions else None
+
+
+@dataclass(frozen=True)
+class Message:
+    """A chat message in the OpenAI format.
+
+    ``turn`` is provenance, not content: for an assistant message that a policy produced, it
+    holds the policy's :class:`Turn` so that token-level clients can reuse the exact sampled
+    token ids instead of re-tokenising text. It is never sent over the wire.
+    """
+
+    role: Role
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    turn: Turn | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.role not in _ROLES:
+            raise ValueError(f"unknown role {self.role!r}; expected one of {sorted(_ROLES)}")
+
+    @classmethod
+    def system(cls, content: str) -> Message:
+        return cls("system", content)
+
+    @classmethod
+    def user(cls, content: str) -> Message:
+        return cls("user", content)
+
+    @classmethod
+    def assistant(cls, content: str, tool_calls: Sequence[ToolCall] = ()) -> Message:
+        return cls("assistant", content, tool_calls=tuple(tool_calls))
+
+    @classmethod
+    def tool(cls, content: str, tool_call_id: str, name: str | None = None) -> Message:
+        return cls("tool", content, tool_call_id=tool_call_id, name=name)
+
+    @classmethod
+    def from_turn(cls, turn: Turn, tool_calls: Sequence[ToolCall] | None = None) -> Message:
+        """The assistant message for ``turn``, keeping the turn as provenance."""
+        calls = tuple(tool_calls if tool_calls is not None else (turn.tool_calls or ()))
+        return cls("assistant", turn.text, tool_calls=calls, turn=turn)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The message as an OpenAI chat ``messages`` entry."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any]) -> Message:
+        """Build from an OpenAI chat ``messages`` entry."""
+        content = data.get("content") or ""
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+        return cls(
+            role=data["role"],
+            content=str(content),
+            tool_calls=tuple(ToolCall.from_openai(c) for c in data.get("tool_calls") or ()),
+            tool_call_id=data.get("tool_call_id"),
+            name=data.get("name"),
+        )
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode as a single token sequence, ready for a learner.
+
+    ``loss_mask[i]`` is 1 where token ``i`` was sampled by the policy and 0 for prompt, tool
+    and template tokens. ``behavior_logprobs[i]`` and ``versions[i]`` describe the policy that
+    sampled token ``i`` (0.0 and -1 where the mask is 0).
+    """
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    behavior_logprobs: tuple[float, ...]
+    versions: tuple[int, ...]
+    reward: float
+    group_id: str
+    task_id: str = ""
+    num_turns: int = 0
+    terminated: bool = True
+    truncated: bool = False
+    metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        for name in ("loss_mask", "behavior_logprobs", "versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(
+                    f"Trajectory.{name} has {len(getattr(self, name))} entries for {n} tokens"
+                )
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("Trajectory.loss_mask must hold only 0 and 1")
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def min_version(self) -> int:
+        """Oldest policy version among the policy tokens (-1 when there are none)."""
+        own = [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
+        return min(own) if own else -1
+
+    @classmethod
+    def from_turns(
+        cls,
+        turns: Sequence[Turn],
+        *,
+        reward: float,
+        group_id: str,
+        task_id: str = "",
+        terminated: bool = True,
+        truncated: bool = False,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Trajectory:
+        """Join token-level turns into one trajectory.
+
+        Each turn's ``prompt_token_ids`` must extend the previous turn's prompt plus its sampled
+        tokens (the token client guarantees this); the tokens between are the environment's
+        (tool results, template) and get mask 0.
+        """
+        if not turns:
+            raise ValueError("a trajectory needs at least one turn")
+        ids: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        for i, turn in enumerate(turns):
+            if turn.prompt_token_ids is None or turn.token_ids is None or turn.logprobs is None:
+                raise ValueError(f"turn {i} has no token ids/logprobs: use a token-level policy")
+            prompt = turn.prompt_token_ids
+            if tuple(ids) != prompt[: len(ids)]:
+                raise ValueError(f"turn {i}: prompt does not extend the previous turns' tokens")
+            extra = len(prompt) - len(ids)
+            ids.extend(prompt[len(ids) :])
+            mask.extend([0] * extra)
+            logprobs.extend([0.0] * extra)
+            versions.extend([-1] * extra)
+            ids.extend(turn.token_ids)
+            mask.extend([1] * len(turn.token_ids))
+            logprobs.extend(turn.logprobs)
+            versions.extend(turn.versions or [0] * len(turn.token_ids))
+        return cls(
+            token_ids=tuple(ids),
+            loss_mask=tuple(mask),
+            behavior_logprobs=tuple(logprobs),
+            versions=tuple(versions),
+            reward=float(reward),
+            group_id=group_id,
+            task_id=task_id,
+            num_turns=len(turns),
+            terminated=terminated,
+            truncated=truncated,
+            metadata=dict(metadata or {}),
+        )
