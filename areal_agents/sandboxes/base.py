@@ -8,10 +8,15 @@ container died) raises :class:`~areal_agents.errors.SandboxError`.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ExecResult", "Sandbox"]
+from areal_agents.errors import ConfigError, did_you_mean
+
+__all__ = ["BaseSandbox", "ExecResult", "Sandbox", "SandboxLimits"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +88,123 @@ class Sandbox(Protocol):
     def close(self) -> None:
         """Release the sandbox; it cannot be used afterwards. Safe to call twice."""
         ...
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits every backend applies (as far as its mechanism allows; see each backend).
+
+    >>> SandboxLimits(memory_mb=128).memory_mb
+    128
+    >>> SandboxLimits.from_kwargs({"memroy_mb": 1})
+    Traceback (most recent call last):
+    ...
+    areal_agents.errors.ConfigError: unknown sandbox limit 'memroy_mb' (did you mean 'memory_mb'?)
+    """
+
+    memory_mb: int = 512
+    """Memory (docker: cgroup memory + swap; local backends: address space per process)."""
+    cpus: float = 1.0
+    """CPU share (docker: CPU quota in cores; local backends: not enforced, see cpu_time)."""
+    pids: int = 64
+    """Processes and threads at once (docker: pids cgroup; local backends: RLIMIT_NPROC)."""
+    disk_mb: int = 64
+    """Work directory size (docker: tmpfs size) and largest file (RLIMIT_FSIZE elsewhere)."""
+    max_output_bytes: int = 64 * 1024
+    """Bytes of stdout and of stderr kept per call; the rest is dropped and ``truncated`` set."""
+    open_files: int = 256
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"sandbox limit {f.name}={value!r} must be a positive number")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> SandboxLimits:
+        """Build limits from keyword arguments, naming any unknown key."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in kwargs:
+            if key not in names:
+                raise ConfigError(f"unknown sandbox limit {key!r}{did_you_mean(key, names)}")
+        return cls(**kwargs)
+
+
+class BaseSandbox:
+    """Shared behaviour of the backends: context manager and ``asyncio`` variants.
+
+    The ``a*`` methods run the blocking call in a worker thread (``asyncio.to_thread``), so a
+    coroutine that drives many episodes never blocks its event loop on a sandbox.
+    Subclasses implement the synchronous :class:`Sandbox` methods.
+    """
+
+    backend: str = "base"
+
+    def run(
+        self, cmd: str | list[str], *, timeout: float = 10.0, stdin: str | None = None
+    ) -> ExecResult:
+        raise NotImplementedError
+
+    def run_python(self, code: str, *, timeout: float = 10.0) -> ExecResult:
+        raise NotImplementedError
+
+    def write_file(self, path: str, content: str | bytes) -> None:
+        raise NotImplementedError
+
+    def read_file(self, path: str) -> bytes:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> BaseSandbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> BaseSandbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def arun(
+        self, cmd: str | list[str], *, timeout: float = 10.0, stdin: str | None = None
+    ) -> ExecResult:
+        """:meth:`run` in a worker thread."""
+        return await asyncio.to_thread(self.run, cmd, timeout=timeout, stdin=stdin)
+
+    async def arun_python(self, code: str, *, timeout: float = 10.0) -> ExecResult:
+        """:meth:`run_python` in a worker thread."""
+        return await asyncio.to_thread(self.run_python, code, timeout=timeout)
+
+    async def awrite_file(self, path: str, content: str | bytes) -> None:
+        """:meth:`write_file` in a worker thread."""
+        await asyncio.to_thread(self.write_file, path, content)
+
+    async def aread_file(self, path: str) -> bytes:
+        """:meth:`read_file` in a worker thread."""
+        return await asyncio.to_thread(self.read_file, path)
+
+    async def areset(self) -> None:
+        """:meth:`reset` in a worker thread."""
+        await asyncio.to_thread(self.reset)
+
+    async def aclose(self) -> None:
+        """:meth:`close` in a worker thread."""
+        await asyncio.to_thread(self.close)

@@ -1,0 +1,382 @@
+"""What the two daemon-less backends share: a host work directory, a throw-away uid, rlimits,
+and a capped, time-limited subprocess runner.
+
+When the host process is root, every sandbox runs its programs under its own unused uid (picked at
+random from a high range), so that ``RLIMIT_NPROC`` binds (it never binds root), host files
+readable only by root stay unreadable, and one ``kill(-1, SIGKILL)`` issued as that uid ends every
+process the sandbox ever started, including those that left the process group with ``setsid``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import random
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from areal_agents.errors import SandboxError, ToolError
+from areal_agents.sandboxes.base import BaseSandbox, ExecResult, SandboxLimits
+
+__all__ = ["LocalSandbox", "capture", "decode_output", "kill_uid"]
+
+_UID_RANGE = (1_100_000_000, 1_900_000_000)
+_GRACE_S = 1.0
+_CHUNK = 65536
+_STDIN_CODE_LIMIT = 100_000  # bytes of source passed with -c; larger programs go through stdin
+
+
+def decode_output(data: bytes) -> str:
+    """Bytes from a program as text; undecodable bytes become U+FFFD."""
+    return data.decode("utf-8", errors="replace")
+
+
+def signal_exit_code(returncode: int) -> int:
+    """``subprocess``'s ``-N`` for "killed by signal N" as the shell's ``128+N``."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process owned by ``uid`` (needs root; ``uid`` must be a sandbox's own)."""
+    # kill(-1) from a process of that uid signals every process it may signal: exactly the
+    # sandbox's processes, wherever they are in the process tree, and never the caller itself.
+    subprocess.run(
+        ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={"PATH": "/usr/bin:/bin"},
+        check=False,
+        timeout=10,
+    )
+
+
+class _Pipes:
+    """Reads stdout and stderr of a process, keeping at most ``cap`` bytes of each."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], stdin: bytes | None, cap: int) -> None:
+        self.cap = cap
+        self.out = {"stdout": bytearray(), "stderr": bytearray()}
+        self.truncated = False
+        self.sel = selectors.DefaultSelector()
+        assert proc.stdout is not None and proc.stderr is not None
+        self.sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+        self.sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+        self.stdin = memoryview(stdin) if stdin else None
+        if proc.stdin is not None:
+            if self.stdin:
+                os.set_blocking(proc.stdin.fileno(), False)
+                self.sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
+            else:
+                proc.stdin.close()
+
+    @property
+    def open(self) -> bool:
+        return any(key.data != "stdin" for key in self.sel.get_map().values())
+
+    def pump(self, wait: float) -> None:
+        for key, _ in self.sel.select(max(wait, 0.0)):
+            f = key.fileobj
+            if key.data == "stdin":
+                assert self.stdin is not None
+                try:
+                    n = os.write(key.fd, self.stdin[:_CHUNK])
+                except (BrokenPipeError, OSError):
+                    n = len(self.stdin)
+                self.stdin = self.stdin[n:]
+                if not self.stdin:
+                    self.sel.unregister(f)
+                    f.close()  # type: ignore[union-attr]
+                continue
+            data = os.read(key.fd, _CHUNK)
+            if not data:
+                self.sel.unregister(f)
+                f.close()  # type: ignore[union-attr]
+                continue
+            buf = self.out[key.data]
+            room = self.cap - len(buf)
+            if len(data) > room:
+                self.truncated = True
+            if room > 0:
+                buf += data[:room]
+
+    def close(self) -> None:
+        for key in list(self.sel.get_map().values()):
+            self.sel.unregister(key.fileobj)
+            with contextlib.suppress(OSError):
+                key.fileobj.close()  # type: ignore[union-attr]
+        self.sel.close()
+
+
+def capture(
+    argv: list[str],
+    *,
+    timeout: float,
+    max_output: int,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    uid: int | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    kill_all: Callable[[], None] | None = None,
+) -> ExecResult:
+    """Run ``argv`` in a new session, kill it at ``timeout``, keep ``max_output`` bytes per stream.
+
+    ``kill_all`` ends every process the call may have left behind (the default kills the process
+    group); it runs on timeout and again once the main process has exited.
+    """
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        user=uid,
+        group=uid,
+        extra_groups=[] if uid is not None else None,
+        preexec_fn=preexec_fn,
+    )
+
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if kill_all is not None:
+            kill_all()
+
+    pipes = _Pipes(proc, stdin, max_output)
+    deadline = start + timeout
+    timed_out = False
+    exited_at: float | None = None
+    try:
+        while True:
+            now = time.monotonic()
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+                kill()  # background children must not outlive the call
+            if not pipes.open and exited_at is not None:
+                break
+            if exited_at is None and now >= deadline:
+                timed_out = True
+                kill()
+                proc.wait()
+                continue
+            if exited_at is not None and now - exited_at > _GRACE_S:
+                break  # something we cannot kill still holds the pipes; stop reading
+            pipes.pump(min(0.05, deadline - now) if exited_at is None else 0.05)
+    finally:
+        pipes.close()
+        if proc.poll() is None:
+            kill()
+        proc.wait()
+    return ExecResult(
+        stdout=decode_output(bytes(pipes.out["stdout"])),
+        stderr=decode_output(bytes(pipes.out["stderr"])),
+        exit_code=signal_exit_code(proc.returncode),
+        timed_out=timed_out,
+        truncated=pipes.truncated,
+        duration_s=time.monotonic() - start,
+    )
+
+
+def _limit(which: int, value: int) -> None:
+    _, hard = resource.getrlimit(which)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
+
+
+def rlimit_setter(limits: SandboxLimits, timeout: float) -> Callable[[], None]:
+    """A ``preexec_fn`` that applies ``limits`` to the child (and, inherited, its children)."""
+    mem = limits.memory_mb * 2**20
+    fsize = limits.disk_mb * 2**20
+    cpu = int(timeout) + 2
+
+    def apply() -> None:
+        _limit(resource.RLIMIT_AS, mem)
+        _limit(resource.RLIMIT_FSIZE, fsize)
+        _limit(resource.RLIMIT_NOFILE, limits.open_files)
+        _limit(resource.RLIMIT_CPU, cpu)
+        _limit(resource.RLIMIT_CORE, 0)
+        if os.getuid() != 0:
+            _limit(resource.RLIMIT_NPROC, limits.pids)
+
+    return apply
+
+
+def _looks_oom(res: ExecResult) -> bool:
+    """A program that died of an address-space limit says so on stderr."""
+    tail = res.stderr[-400:]
+    return res.exit_code != 0 and ("MemoryError" in tail or "Cannot allocate memory" in tail)
+
+
+class LocalSandbox(BaseSandbox):
+    """A host work directory plus a way to wrap commands; subclasses define the wrapping."""
+
+    work_path = "."
+
+    def __init__(self, limits: SandboxLimits | None = None) -> None:
+        self.limits = limits or SandboxLimits()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.uid = random.randrange(*_UID_RANGE) if os.geteuid() == 0 else None
+        self._root = Path(tempfile.mkdtemp(prefix=f"areal-{self.backend}-"))
+        self.work_dir = self._root / "work"
+        self.work_dir.mkdir()
+        if self.uid is not None:
+            os.chown(self.work_dir, self.uid, self.uid)
+        self.work_dir.chmod(0o700)
+
+    # --- what subclasses provide ------------------------------------------------------------
+
+    def _wrap(self, argv: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def _env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _python(self) -> str:
+        raise NotImplementedError
+
+    # --- the Sandbox contract -----------------------------------------------------------------
+
+    def run(
+        self, cmd: str | list[str], *, timeout: float = 10.0, stdin: str | None = None
+    ) -> ExecResult:
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        data = stdin.encode() if stdin is not None else None
+        return self._exec(argv, timeout=timeout, stdin=data)
+
+    def run_python(self, code: str, *, timeout: float = 10.0) -> ExecResult:
+        source = code.encode()
+        if len(source) <= _STDIN_CODE_LIMIT:
+            return self._exec([self._python(), "-c", code], timeout=timeout, stdin=None)
+        return self._exec([self._python(), "-"], timeout=timeout, stdin=source)
+
+    def write_file(self, path: str, content: str | bytes) -> None:
+        data = content.encode() if isinstance(content, str) else content
+        if len(data) > self.limits.disk_mb * 2**20:
+            limit = self.limits.disk_mb
+            raise ToolError(f"file of {len(data)} bytes exceeds the sandbox's {limit} MB")
+        target = self._resolve(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if self.uid is not None:
+            for p in [target, *target.relative_to(self.work_dir).parents]:
+                os.lchown(self.work_dir / p, self.uid, self.uid)
+
+    def read_file(self, path: str) -> bytes:
+        target = self._resolve(path)
+        try:
+            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise ToolError(f"no such file in the sandbox: {path}") from None
+        except OSError as e:
+            raise ToolError(f"cannot read {path}: {e.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            return f.read(self.limits.disk_mb * 2**20 + 1)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._check_open()
+            self._kill_all()
+            for child in self.work_dir.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._kill_all()
+            shutil.rmtree(self._root, ignore_errors=True)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"{self.backend} sandbox is closed")
+
+    def _kill_all(self) -> None:
+        if self.uid is not None:
+            kill_uid(self.uid)
+
+    def _resolve(self, path: str) -> Path:
+        """``path`` inside the work directory; symlinks may not lead out of it."""
+        self._check_open()
+        rel = Path(path)
+        if rel.is_absolute():
+            inside = Path(self.work_path)
+            if rel.parts[: len(inside.parts)] != inside.parts:
+                raise ToolError(f"path {path!r} is outside the work directory {self.work_path}")
+            rel = rel.relative_to(inside)
+        target = (self.work_dir / rel).resolve()
+        root = self.work_dir.resolve()
+        if target != root and root not in target.parents:
+            raise ToolError(f"path {path!r} leads outside the work directory")
+        if target == root:
+            raise ToolError(f"path {path!r} names the work directory itself")
+        return target
+
+    def _exec(self, argv: list[str], *, timeout: float, stdin: bytes | None) -> ExecResult:
+        if timeout <= 0:
+            raise ValueError(f"timeout={timeout} must be positive")
+        with self._lock:
+            self._check_open()
+            res = capture(
+                self._wrap(argv),
+                timeout=timeout,
+                max_output=self.limits.max_output_bytes,
+                stdin=stdin,
+                env=self._env(),
+                cwd=str(self.work_dir),
+                uid=self.uid,
+                preexec_fn=rlimit_setter(self.limits, timeout),
+                kill_all=self._kill_all,
+            )
+        if _looks_oom(res):
+            res = dataclasses.replace(res, oom_killed=True)
+        return res
+
+
+@functools.cache
+def runnable_python(uid: int | None, candidates: tuple[str, ...]) -> str:
+    """The first interpreter in ``candidates`` that ``uid`` can start."""
+    for cand in candidates:
+        if not cand or not os.path.exists(cand):
+            continue
+        try:
+            probe = subprocess.run(
+                [cand, "-c", "import json"],
+                user=uid,
+                group=uid,
+                extra_groups=[] if uid is not None else None,
+                capture_output=True,
+                timeout=20,
+                cwd="/",
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return cand
+    raise SandboxError(f"no Python interpreter the sandbox user can run among {candidates}")

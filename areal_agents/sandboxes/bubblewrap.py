@@ -1,0 +1,148 @@
+"""The bubblewrap backend: Linux namespaces without a daemon.
+
+Each call starts ``bwrap --unshare-all --die-with-parent`` over a read-only view of the host's
+``/usr`` (so Python and its standard library come from the host), a fresh ``/proc`` and ``/dev``,
+a private ``/tmp``, and the sandbox's work directory bound at ``/work``. The new network namespace
+has only a loopback that is down; the new PID namespace ends every process when the call's main
+process exits, so nothing survives a call. Limits are rlimits (address space per process, file
+size, open files, CPU seconds), and when the host process is root each sandbox runs under its own
+throw-away uid, which makes ``RLIMIT_NPROC`` a per-sandbox process limit. Unlike docker there
+is no cgroup: memory is limited per process, and disk per file (``disk_mb``) rather than in total.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from areal_agents.sandboxes._local import LocalSandbox, runnable_python
+from areal_agents.sandboxes.base import SandboxLimits
+
+__all__ = ["BubblewrapSandbox", "bubblewrap_problem"]
+
+_PASSWD = "root:x:0:0:root:/root:/bin/sh\nsandbox:x:65534:65534:sandbox:/work:/bin/sh\n"
+_GROUP = "root:x:0:\nsandbox:x:65534:\n"
+_ETC_FILES = ("ld.so.cache", "localtime", "nsswitch.conf")
+
+
+def bubblewrap_problem() -> str | None:
+    """None when ``bwrap`` can create its namespaces here, else the reason."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    try:
+        probe = subprocess.run(
+            [bwrap, "--unshare-all", "--ro-bind", "/usr", "/usr", *_root_links(), "--dev", "/dev"]
+            + ["--", "/usr/bin/true"],
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bwrap failed to start: {e}"
+    if probe.returncode != 0:
+        msg = probe.stderr.decode(errors="replace").strip()
+        return f"bwrap cannot create namespaces here (user namespaces disabled?): {msg}"
+    return None
+
+
+def _root_links() -> list[str]:
+    """Bind or link ``/bin``, ``/lib``... the way the host has them (merged ``/usr`` or not)."""
+    args: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), f"/{name}"]
+    return args
+
+
+class BubblewrapSandbox(LocalSandbox):
+    """Programs in fresh namespaces over a read-only host ``/usr``, work directory ``/work``.
+
+    >>> with BubblewrapSandbox() as sb:  # doctest: +SKIP
+    ...     sb.run("id -u; ls /").stdout
+    '65534\\nbin\\ndev\\netc\\nlib\\nlib64\\nproc\\nsbin\\ntmp\\nusr\\nwork\\n'
+    """
+
+    backend = "bubblewrap"
+    work_path = "/work"
+
+    def __init__(self, limits: SandboxLimits | None = None, python: str | None = None) -> None:
+        super().__init__(limits)
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            from areal_agents.errors import SandboxUnavailableError
+
+            raise SandboxUnavailableError("bwrap is not installed (apt-get install bubblewrap)")
+        etc = self._root / "etc"
+        etc.mkdir()
+        (etc / "passwd").write_text(_PASSWD)
+        (etc / "group").write_text(_GROUP)
+        for p in (etc, etc / "passwd", etc / "group"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        self._root.chmod(0o755)  # the sandbox uid must reach work/ and etc/ below it
+        self._prefix = [
+            bwrap,
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            *_root_links(),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--dir",
+            "/etc",
+            "--ro-bind",
+            str(etc / "passwd"),
+            "/etc/passwd",
+            "--ro-bind",
+            str(etc / "group"),
+            "/etc/group",
+        ]
+        for name in _ETC_FILES:
+            self._prefix += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        self._prefix += [
+            "--bind",
+            str(self.work_dir),
+            "/work",
+            "--chdir",
+            "/work",
+            "--uid",
+            "65534",
+            "--gid",
+            "65534",
+            "--",
+        ]
+        self._py = python
+
+    def _wrap(self, argv: list[str]) -> list[str]:
+        return [*self._prefix, *argv]
+
+    def _env(self) -> dict[str, str]:
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/work",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "USER": "sandbox",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _python(self) -> str:
+        if self._py is None:
+            # Only the host's /usr is visible inside: the interpreter must live there.
+            self._py = runnable_python(self.uid, ("/usr/bin/python3", "/usr/local/bin/python3"))
+        return self._py
