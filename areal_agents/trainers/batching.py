@@ -1,0 +1,153 @@
+"""From trajectories to padded tensors, split over learner ranks and token-budget micro-batches.
+
+Every learner rank receives the whole batch and computes the same split, so that all ranks run
+the same number of micro-batches (FSDP's collectives need that): a rank with less work gets
+empty micro-batches (one padding row with an all-zero mask) that contribute exactly nothing.
+
+Positions: ``input_ids`` is ``[B, T]``; everything the loss sees is aligned to the *predicted*
+tokens, ``[B, T - 1]`` (logits at ``t`` predict token ``t + 1``).
+
+>>> from areal_agents.types import Trajectory
+>>> t = Trajectory((1, 2, 3), (0, 1, 1), (0.0, -0.5, -0.7), (-1, 0, 0), 1.0, "g")
+>>> b = collate([t], pad_id=0)
+>>> b.input_ids.tolist(), b.mask.tolist(), b.behavior_logprobs.tolist()
+([[1, 2, 3]], [[1.0, 1.0]], [[-0.5, -0.699999988079071]])
+>>> split_ranks([5, 3, 3, 1], world_size=2)
+[[0, 3], [1, 2]]
+>>> micro_batches([0, 1, 2], [10, 10, 30], budget=32)
+[[0, 1], [2]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from areal_agents.types import Trajectory
+
+__all__ = ["Batch", "collate", "micro_batches", "plan", "split_minibatches", "split_ranks"]
+
+
+@dataclass
+class Batch:
+    """A padded batch. ``mask``, ``behavior_logprobs``, ``versions`` are shifted ``[B, T-1]``."""
+
+    input_ids: Tensor  # [B, T] long
+    attention_mask: Tensor  # [B, T] long
+    mask: Tensor  # [B, T-1] float, 1 on predicted policy tokens
+    behavior_logprobs: Tensor  # [B, T-1]
+    versions: Tensor  # [B, T-1] long (-1 off the mask)
+    rewards: Tensor  # [B]
+    group_ids: list[str]
+    lengths: list[int]
+
+    def rows(self, index: Sequence[int], width: int | None = None) -> Batch:
+        """A sub-batch of rows ``index``, cropped to ``width`` input positions (default: the
+        longest of those rows). An empty ``index`` gives one all-padding row with mask 0."""
+        if not index:
+            pad = torch.zeros(1, 2, dtype=torch.long)
+            zero = torch.zeros(1, 1)
+            return Batch(pad, torch.ones_like(pad), zero, zero.clone(), zero.long() - 1,
+                         torch.zeros(1), [""], [2])  # fmt: skip
+        idx = torch.tensor(list(index), dtype=torch.long)
+        w = width or max(self.lengths[i] for i in index)
+        w = max(w, 2)
+        return Batch(
+            input_ids=self.input_ids[idx, :w],
+            attention_mask=self.attention_mask[idx, :w],
+            mask=self.mask[idx, : w - 1],
+            behavior_logprobs=self.behavior_logprobs[idx, : w - 1],
+            versions=self.versions[idx, : w - 1],
+            rewards=self.rewards[idx],
+            group_ids=[self.group_ids[i] for i in index],
+            lengths=[self.lengths[i] for i in index],
+        )
+
+
+def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
+    """Right-pad trajectories into one :class:`Batch`."""
+    if not trajectories:
+        raise ValueError("cannot collate an empty batch")
+    lengths = [max(len(t.token_ids), 2) for t in trajectories]
+    B, T = len(trajectories), max(lengths)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T)
+    behav = torch.zeros(B, T)
+    vers = torch.full((B, T), -1, dtype=torch.long)
+    for i, t in enumerate(trajectories):
+        n = len(t.token_ids)
+        ids[i, :n] = torch.tensor(t.token_ids, dtype=torch.long)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        behav[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
+        vers[i, :n] = torch.tensor(t.versions, dtype=torch.long)
+    return Batch(
+        input_ids=ids,
+        attention_mask=attn,
+        mask=mask[:, 1:].contiguous(),
+        behavior_logprobs=behav[:, 1:].contiguous(),
+        versions=vers[:, 1:].contiguous(),
+        rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        group_ids=[t.group_id for t in trajectories],
+        lengths=lengths,
+    )
+
+
+def split_ranks(lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Rows per rank, balancing tokens greedily (longest first; ties to the lower rank)."""
+    load = [0] * world_size
+    out: list[list[int]] = [[] for _ in range(world_size)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(world_size), key=lambda r: (load[r], r))
+        out[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(rows) for rows in out]
+
+
+def micro_batches(rows: Sequence[int], lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive groups of ``rows`` whose padded size (rows x longest) stays within
+    ``budget`` tokens (a single longer row gets a micro-batch of its own)."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in rows:
+        n = lengths[i]
+        if current and max(longest, n) * (len(current) + 1) > budget:
+            out.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        out.append(current)
+    return out
+
+
+def split_minibatches(group_ids: Sequence[str], n: int) -> list[list[int]]:
+    """Rows split into ``n`` minibatches of whole groups (in order)."""
+    groups: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, g in enumerate(group_ids):
+        if g not in seen:
+            seen[g] = len(groups)
+            groups.append([])
+        groups[seen[g]].append(i)
+    n = min(n, len(groups))
+    out: list[list[int]] = [[] for _ in range(n)]
+    for k, rows in enumerate(groups):
+        out[k * n // len(groups)].extend(rows)
+    return out
+
+
+def plan(
+    rows: Sequence[int], lengths: Sequence[int], world_size: int, rank: int, budget: int
+) -> list[list[int]]:
+    """This rank's micro-batches for ``rows``, padded with empty ones to the ranks' maximum."""
+    per_rank = split_ranks([lengths[i] for i in rows], world_size)
+    mine = [[rows[j] for j in part] for part in per_rank]
+    mbs = [micro_batches(part, lengths, budget) for part in mine]
+    count = max(1, *(len(m) for m in mbs))
+    return mbs[rank] + [[] for _ in range(count - len(mbs[rank]))]

@@ -1,0 +1,303 @@
+"""The training configuration: one dataclass per component, composed into :class:`TrainConfig`.
+
+Every field is a typed key that can be overridden on the command line
+(``trainer.max_staleness=4``); ``env=``, ``algo=``, ``model=`` and ``inference=`` select
+config groups (presets built by each section's ``from_name``). Validation runs in
+``__post_init__`` and names the key and the fix.
+
+>>> from areal_agents.config import load_config
+>>> cfg = load_config(TrainConfig, ["env=calculator", "trainer.mode=sync", "model=tiny"])
+>>> cfg.env.name, cfg.trainer.staleness, cfg.model.name
+('calculator', 0, 'tiny')
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from areal_agents.errors import ConfigError
+from areal_agents.trainers.algorithms import AlgoConfig
+
+__all__ = [
+    "EnvConfig",
+    "InferenceConfig",
+    "LogConfig",
+    "ModelConfig",
+    "RayConfig",
+    "TrainConfig",
+    "TrainerConfig",
+]
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to train on, and how many samples per task."""
+
+    name: str = "code_sandbox"
+    """A short name (``code_sandbox``, ``calculator``, ...) or any registered Gymnasium id."""
+    group_size: int = 4
+    """Episodes per task; group-relative algorithms (GRPO, RLOO) compare samples of a group."""
+    max_turns: int | None = None
+    """Assistant turns before an episode is truncated (None: the environment's default)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``make_env`` (e.g. ``env.kwargs={sandbox: docker}``)."""
+    episode_retries: int = 1
+    """Times a broken episode (infrastructure fault) is retried before it is dropped."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("env.name is empty: set env=<name or Gymnasium id>")
+        if self.group_size < 1:
+            raise ConfigError(f"env.group_size={self.group_size}: must be at least 1")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ConfigError(f"env.max_turns={self.max_turns}: must be at least 1")
+        if self.episode_retries < 0:
+            raise ConfigError(f"env.episode_retries={self.episode_retries}: must be 0 or more")
+
+    @classmethod
+    def from_name(cls, name: str) -> EnvConfig:
+        """``env=NAME``: a preset sized for a small CPU machine; the name is checked at start."""
+        presets: dict[str, dict[str, Any]] = {
+            "code_sandbox": {"max_turns": 2},
+            "math_python": {"max_turns": 2},
+            "search": {"max_turns": 3},
+            "calculator": {"max_turns": 2},
+        }
+        return cls(name=name, **presets.get(name, {}))
+
+    def make_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for ``make_env``."""
+        out = dict(self.kwargs)
+        if self.max_turns is not None:
+            out.setdefault("max_turns", self.max_turns)
+        return out
+
+
+@dataclass
+class ModelConfig:
+    """The policy model that is trained and served."""
+
+    name: str = "default"
+    """``default`` (SmolLM2-135M-Instruct, offline), ``tiny`` (a randomly initialised model of
+    the same architecture and tokenizer, a few MB: for tests only) or a local HF directory."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Learner parameter dtype (bf16 is ~5x slower than fp32 on CPUs without bf16 units)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, more time)."""
+
+    @classmethod
+    def from_name(cls, name: str) -> ModelConfig:
+        """``model=NAME``."""
+        return cls(name=name)
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop: batch shape, staleness, optimisation, learners and checkpoints."""
+
+    mode: Literal["async", "sync"] = "async"
+    """``async``: generation and learning overlap under ``max_staleness``; ``sync``: the
+    same machinery with staleness 0 (generate, train, push, repeat) — the baseline."""
+    max_staleness: int | None = None
+    """Versions a token may lag the weights it trains (None: 2 in async, 0 in sync)."""
+    total_steps: int = 4
+    """Optimizer steps (= weight versions) of the run."""
+    groups_per_step: int = 2
+    """Tasks per training batch (each contributes ``env.group_size`` episodes)."""
+    lr: float = 1e-6
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, ...] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up steps of the learning rate."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after warm-up (to 0 at ``total_steps``)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (0 disables clipping)."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one forward/backward micro-batch (gradients accumulate across them)."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    minibatches: int = 1
+    """Optimizer updates per pass (the version advances once per step regardless)."""
+    learner_ranks: int = 1
+    """FSDP2 data-parallel learner processes, placed by Ray (gloo on CPU, NCCL on GPU)."""
+    rollout_workers: int = 1
+    """Ray actors running episodes."""
+    max_concurrent_groups: int = 4
+    """Groups a rollout worker runs at the same time (each runs ``group_size`` episodes)."""
+    dynamic_filter: bool = False
+    """Drop groups whose rewards are all equal (no learning signal) and sample more."""
+    checkpoint_every: int = 1
+    """Steps between checkpoints (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk."""
+    resume: Literal["auto", "never"] = "auto"
+    """``auto``: continue an unfinished run found in ``output_dir``; ``never``: refuse to reuse
+    a directory that holds a run."""
+    seed: int = 0
+    """Seed of the task order, parameter init of new heads, and learner RNG."""
+
+    def __post_init__(self) -> None:
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"trainer.max_staleness={self.max_staleness}: must be 0 or more")
+        if self.mode == "sync" and self.max_staleness:
+            raise ConfigError(
+                f"trainer.mode=sync with trainer.max_staleness={self.max_staleness}: sync mode "
+                "trains with staleness 0; drop max_staleness or use trainer.mode=async"
+            )
+        for key in ("total_steps", "groups_per_step", "ppo_epochs", "minibatches"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"trainer.{key}={getattr(self, key)}: must be at least 1")
+        for key in ("learner_ranks", "rollout_workers", "max_concurrent_groups"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"trainer.{key}={getattr(self, key)}: must be at least 1")
+        if self.lr <= 0:
+            raise ConfigError(f"trainer.lr={self.lr}: must be positive (e.g. trainer.lr=1e-6)")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"trainer.betas={list(self.betas)}: two numbers in [0, 1)")
+        if self.micro_batch_tokens < 16:
+            raise ConfigError(f"trainer.micro_batch_tokens={self.micro_batch_tokens}: too small")
+        if self.minibatches > self.groups_per_step:
+            raise ConfigError(
+                f"trainer.minibatches={self.minibatches} > trainer.groups_per_step="
+                f"{self.groups_per_step}: a minibatch holds at least one group"
+            )
+        if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
+            raise ConfigError("trainer.checkpoint_every >= 0 and trainer.keep_checkpoints >= 1")
+
+    @property
+    def staleness(self) -> int:
+        """The staleness bound in force."""
+        if self.max_staleness is not None:
+            return self.max_staleness
+        return 0 if self.mode == "sync" else 2
+
+
+@dataclass
+class InferenceConfig:
+    """The inference servers that generate rollouts and receive new weights."""
+
+    engine: Literal["builtin", "vllm"] = "builtin"
+    """``builtin`` (transformers, starts in seconds) or ``vllm`` (stock vLLM server)."""
+    num_servers: int = 1
+    """Inference servers; rollout workers spread their requests over them."""
+    max_tokens: int = 64
+    """New tokens per assistant turn."""
+    temperature: float = 1.0
+    """Sampling temperature (1.0 keeps behaviour logprobs those of the trained policy)."""
+    top_p: float = 1.0
+    """Nucleus sampling (1.0: off, as on-policy RL expects)."""
+    request_timeout_s: float = 600.0
+    """Time limit of one generation request."""
+    startup_timeout_s: float = 600.0
+    """Time a server may take to answer its health check."""
+    weight_sync: Literal["disk", "state_dict"] = "disk"
+    """How weights travel: a safetensors checkpoint on shared disk, or tensors over HTTP."""
+    weight_sync_timeout_s: float = 300.0
+    """Time limit of one weight push; beyond it the run fails with WeightSyncError."""
+    gpus_per_server: float = 0.0
+    """GPUs Ray reserves for each server (0 on CPU machines)."""
+    extra_args: tuple[str, ...] = ()
+    """Extra command-line arguments for the server process."""
+
+    def __post_init__(self) -> None:
+        if self.num_servers < 1:
+            raise ConfigError(f"inference.num_servers={self.num_servers}: must be at least 1")
+        if self.max_tokens < 1:
+            raise ConfigError(f"inference.max_tokens={self.max_tokens}: must be at least 1")
+        if self.temperature <= 0:
+            raise ConfigError(
+                f"inference.temperature={self.temperature}: RL needs sampling; use a value > 0"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"inference.top_p={self.top_p}: must be in (0, 1]")
+
+    @classmethod
+    def from_name(cls, name: str) -> InferenceConfig:
+        """``inference=builtin|vllm``."""
+        if name not in ("builtin", "vllm"):
+            raise ConfigError(f"inference={name!r}: choose builtin or vllm")
+        return cls(engine=name)  # type: ignore[arg-type]
+
+
+@dataclass
+class RayConfig:
+    """Where processes run: a local Ray instance (default) or an existing cluster."""
+
+    address: str | None = None
+    """Attach to a running cluster (``auto`` or ``ray://host:port``); None starts a local one
+    bound to 127.0.0.1."""
+    num_cpus: int | None = None
+    """CPUs of the local instance (None: all of this machine's)."""
+    actor_cpus: float = 0.0
+    """CPUs Ray reserves per actor; 0 lets every process share the machine (small hosts)."""
+    learner_gpus: float = 0.0
+    """GPUs per learner rank (1 on GPU clusters; selects NCCL)."""
+    object_store_mb: int = 256
+    """Object store size of a local instance."""
+
+    def __post_init__(self) -> None:
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"ray.num_cpus={self.num_cpus}: must be at least 1")
+        if self.actor_cpus < 0 or self.learner_gpus < 0:
+            raise ConfigError("ray.actor_cpus and ray.learner_gpus must be 0 or more")
+        if self.object_store_mb < 64:
+            raise ConfigError(f"ray.object_store_mb={self.object_store_mb}: at least 64")
+
+
+@dataclass
+class LogConfig:
+    """What the run records besides checkpoints."""
+
+    tensorboard: bool = True
+    """Write TensorBoard event files under ``<run>/tensorboard``."""
+    wandb_project: str | None = None
+    """Also log to Weights & Biases under this project (needs ``wandb``)."""
+    transcripts_per_step: int = 2
+    """Episode transcripts sampled into ``transcripts.jsonl`` each step."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+@dataclass
+class TrainConfig:
+    """The root of ``python -m areal_agents.train``."""
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig.from_name("code_sandbox"))
+    """The environment (``env=NAME``)."""
+    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig.from_name("grpo"))
+    """The RL algorithm (``algo=ppo|grpo|dr_grpo|dapo|reinforce|rloo|reinforce_pp``)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model (``model=default|tiny|PATH``)."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The loop."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """The inference servers (``inference=builtin|vllm``)."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Process placement."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Metrics, transcripts, progress bar."""
+    output_dir: str | None = None
+    """Run directory (None: ``runs/<env>-<algo>``; re-running the same command resumes it)."""
+
+    def __post_init__(self) -> None:
+        use_group = getattr(self.algo, "advantage", "") in ("grpo", "dr_grpo", "rloo")
+        if use_group and self.env.group_size < 2:
+            raise ConfigError(
+                f"algo={getattr(self.algo, 'name', self.algo.advantage)} compares samples of a "
+                f"group: set env.group_size to 2 or more (got {self.env.group_size})"
+            )
+
+    def run_dir(self) -> Path:
+        """The run directory this configuration writes to."""
+        if self.output_dir:
+            return Path(os.path.expanduser(self.output_dir))
+        env = self.env.name.replace("/", "_").replace(":", "_")
+        algo = getattr(self.algo, "name", "algo")
+        return Path("runs") / f"{env}-{algo}"

@@ -1,0 +1,373 @@
+"""The learner: one FSDP2 rank that recomputes log-probs, computes advantages and the loss from
+the algorithms library, and steps the optimizer.
+
+One :class:`Learner` runs per rank (a Ray actor, see :class:`LearnerGroup` in
+``trainers/learner_group.py``). Every rank receives the whole batch; advantages are computed on
+the whole batch (identically on every rank), rows are split over ranks by tokens, and each
+micro-batch's loss uses the *global* normaliser of its minibatch, times the world size (FSDP
+averages gradients over ranks): the update is the same for any number of ranks and any
+micro-batch budget, up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from areal_agents.trainers import fsdp
+from areal_agents.trainers.algorithms import (
+    AlgoConfig,
+    compute_advantages,
+    compute_policy_loss,
+    compute_value_loss,
+)
+from areal_agents.trainers.batching import Batch, collate, plan, split_minibatches
+from areal_agents.trainers.checkpoint import capture_rng, restore_rng
+from areal_agents.trainers.config import ModelConfig, TrainerConfig
+from areal_agents.trainers.logprobs import gather_logprobs, logprobs_and_entropy
+from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
+from areal_agents.types import Trajectory
+
+__all__ = ["Learner", "LearnerSpec", "token_logprobs"]
+
+
+def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> Tensor:
+    """Log-probs ``[B, T-1]`` of tokens ``1..T-1`` under ``logits[:, :-1]``."""
+    return gather_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    """What a rank needs to build itself (picklable; sent to Ray actors)."""
+
+    model_dir: str
+    algo: AlgoConfig
+    trainer: TrainerConfig
+    model: ModelConfig
+    temperature: float
+    rank: int
+    world_size: int
+    use_gpu: bool = False
+
+
+def _lr_factor(cfg: TrainerConfig, step: int) -> float:
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    if cfg.lr_schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class Learner:
+    """One rank of the FSDP2 learner."""
+
+    def __init__(self, spec: LearnerSpec) -> None:
+        self.spec = spec
+        self.step = 0
+        self.device = torch.device("cpu")
+        self.model: Any = None
+        self.critic: ValueModel | None = None
+        self.ref: Any = None
+
+    # ---- set-up ----------------------------------------------------------------------------
+
+    def address(self) -> str:
+        """The address other ranks reach this one at (loopback for a local Ray instance)."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        return "127.0.0.1" if ip in ("127.0.0.1", "localhost") else ip
+
+    def free_port(self) -> int:
+        return fsdp.free_port(self.address())
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        """Join the process group, load and shard the models, build the optimizers."""
+        spec, cfg = self.spec, self.spec.trainer
+        self.device = fsdp.init_distributed(
+            spec.rank, spec.world_size, master_addr, master_port, use_gpu=spec.use_gpu
+        )
+        torch.manual_seed(cfg.seed)
+        path = Path(spec.model_dir)
+        model = load_policy(path, spec.model.dtype, spec.model.gradient_checkpointing)
+        self.config = model.config
+        self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        model.to(self.device)
+        self.model = fsdp.shard_model(model, decoder_layers(model))
+        self.optimizer = self._adamw(self.model.parameters())
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: _lr_factor(cfg, s)
+        )
+        if spec.algo.use_critic:
+            critic = ValueModel(path, spec.model.dtype).to(self.device)
+            self.critic = fsdp.shard_model(critic, critic.layers)  # type: ignore[assignment]
+            self.critic_optimizer = self._adamw(critic.parameters())
+        if spec.algo.needs_ref:
+            ref = load_policy(path, spec.model.dtype).to(self.device)
+            ref.requires_grad_(False)
+            self.ref = fsdp.shard_model(ref, decoder_layers(ref))
+        return {"params": sum(p.numel() for p in model.parameters()), "device": str(self.device)}
+
+    def _adamw(self, params: Any) -> torch.optim.Optimizer:
+        cfg = self.spec.trainer
+        betas = (float(cfg.betas[0]), float(cfg.betas[1]))
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+
+    # ---- one training step -----------------------------------------------------------------
+
+    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One optimizer step (or ``epochs x minibatches`` updates) on ``trajectories``."""
+        spec, cfg, algo = self.spec, self.spec.trainer, self.spec.algo
+        batch = collate(trajectories, self.pad_id)
+        everything = list(range(len(trajectories)))
+        budget = cfg.micro_batch_tokens
+        updates = cfg.ppo_epochs * cfg.minibatches
+        # Decoupled PPO takes its trust region around the weights at the start of the step:
+        # with one update they are the current weights (detached); with more, a no-grad pass.
+        recompute = algo.loss == "decoupled_ppo" and updates > 1
+        everyone = plan(everything, batch.lengths, spec.world_size, spec.rank, budget)
+        pre = self._prepass(batch, everyone, proximal=recompute)
+        adv, returns = compute_advantages(
+            algo, batch.rewards, batch.mask, batch.group_ids, pre.get("values"),
+            old_logprobs=batch.behavior_logprobs,
+            ref_logprobs=pre.get("ref"),
+        )  # fmt: skip
+        sums: dict[str, float] = defaultdict(float)
+        minibatches = split_minibatches(batch.group_ids, cfg.minibatches)
+        for _ in range(cfg.ppo_epochs):
+            for rows in minibatches:
+                mbs = plan(rows, batch.lengths, spec.world_size, spec.rank, budget)
+                norm = self._normalizer(batch, rows)
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.critic is not None:
+                    self.critic_optimizer.zero_grad(set_to_none=True)
+                for mb in mbs:
+                    self._micro_step(batch, mb, adv, returns, pre, norm, sums)
+                sums["grad_norm"] += self._clip_and_step(self.model, self.optimizer)
+                if self.critic is not None:
+                    sums["value/grad_norm"] += self._clip_and_step(
+                        self.critic, self.critic_optimizer
+                    )
+        self.scheduler.step()
+        self.step += 1
+        metrics = self._reduce(sums, updates)
+        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        metrics["advantage/abs_mean"] = float(adv.abs().sum() / batch.mask.sum().clamp(min=1))
+        return metrics
+
+    def _normalizer(self, batch: Batch, rows: list[int]) -> float:
+        """The aggregation's denominator over the whole minibatch (all ranks)."""
+        algo = self.spec.algo
+        mask = batch.mask[rows]
+        if algo.aggregation == "token_mean":
+            return float(mask.sum().clamp(min=1.0))
+        if algo.aggregation == "seq_mean_token_mean":
+            return float((mask.sum(1) > 0).sum().clamp(min=1))
+        length = algo.norm_tokens or batch.mask.shape[1]
+        return float(len(rows) * length)
+
+    def _forward(self, model: Any, mb: Batch) -> Tensor:
+        ids = mb.input_ids.to(self.device)
+        return model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits
+
+    @torch.no_grad()
+    def _prepass(self, batch: Batch, mbs: list[list[int]], proximal: bool) -> dict[str, Tensor]:
+        """Tensors the advantages or later updates need before any weight changes:
+        proximal log-probs (several updates per step), reference log-probs, old values."""
+        algo = self.spec.algo
+        wanted = {"proximal": proximal, "ref": algo.needs_ref, "values": algo.use_critic}
+        if not any(wanted.values()):
+            return {}
+        local: dict[str, list[tuple[list[int], Tensor]]] = defaultdict(list)
+        width = batch.input_ids.shape[1]
+        for mb_rows in mbs:
+            mb = batch.rows(mb_rows, width)
+            if wanted["proximal"]:
+                lp = token_logprobs(self._forward(self.model, mb), mb.input_ids.to(self.device),
+                                    self.spec.temperature)  # fmt: skip
+                local["proximal"].append((mb_rows, lp.float().cpu()))
+            if wanted["ref"]:
+                lp = token_logprobs(self._forward(self.ref, mb), mb.input_ids.to(self.device),
+                                    self.spec.temperature)  # fmt: skip
+                local["ref"].append((mb_rows, lp.float().cpu()))
+            if wanted["values"]:
+                assert self.critic is not None
+                v = self.critic(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))
+                local["values"].append((mb_rows, v[:, :-1].float().cpu()))
+        gathered: list[Any] = [None] * self.spec.world_size
+        dist.all_gather_object(gathered, dict(local))
+        out: dict[str, Tensor] = {}
+        for key, on in wanted.items():
+            if not on:
+                continue
+            full = torch.zeros_like(batch.behavior_logprobs)
+            for part in gathered:
+                for rows, values in part.get(key, []):
+                    if rows:
+                        full[rows] = values
+            out[key] = full
+        return out
+
+    def _micro_step(
+        self,
+        batch: Batch,
+        rows: list[int],
+        adv: Tensor,
+        returns: Tensor | None,
+        pre: dict[str, Tensor],
+        norm: float,
+        sums: dict[str, float],
+    ) -> None:
+        spec, algo = self.spec, self.spec.algo
+        mb = batch.rows(rows)
+        w = mb.mask.shape[1]
+        dev = self.device
+
+        def take(t: Tensor | None) -> Tensor | None:
+            if t is None:
+                return None
+            return (t[rows, :w] if rows else torch.zeros_like(mb.mask)).to(dev)
+
+        mask = mb.mask.to(dev)
+        logits = self._forward(self.model, mb)
+        logprobs, entropy = logprobs_and_entropy(
+            logits[:, :-1], mb.input_ids[:, 1:].to(dev), spec.temperature,
+            entropy_grad=algo.entropy_coef > 0,
+        )  # fmt: skip
+        del logits
+        behavior = mb.behavior_logprobs.to(dev)
+        proximal = take(pre.get("proximal"))
+        if proximal is None:
+            # ppo_clip: textbook PPO, the ratio is taken against the sampling policy;
+            # decoupled_ppo (one update) and reinforce: the current weights, detached.
+            proximal = behavior if algo.loss == "ppo_clip" else logprobs.detach()
+        loss, metrics = compute_policy_loss(
+            algo, logprobs, proximal,
+            behavior, take(adv), mask,  # type: ignore[arg-type]
+            ref_logprobs=take(pre.get("ref")) if not algo.kl_in_reward else None,
+            entropy=entropy, normalizer=norm,
+        )  # fmt: skip
+        (loss * spec.world_size).backward()
+        if self.critic is not None and returns is not None:
+            values = self.critic(mb.input_ids.to(dev), mb.attention_mask.to(dev))[:, :-1]
+            vloss, vmetrics = compute_value_loss(
+                algo, values, take(pre["values"]), take(returns), mask,  # type: ignore[arg-type]
+                normalizer=norm,
+            )  # fmt: skip
+            (vloss * spec.world_size).backward()
+            metrics.update(vmetrics)
+        tokens = float(mask.sum())
+        for key, value in metrics.items():
+            v = float(value.detach())
+            if key.startswith("loss/"):
+                sums[key] += v  # already normalised globally: micro-batch terms add up
+            else:
+                sums[key + "@w"] += v * tokens
+        sums["@tokens"] += tokens
+
+    def _clip_and_step(self, model: Any, optimizer: torch.optim.Optimizer) -> float:
+        max_norm = self.spec.trainer.max_grad_norm
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm: Any = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        optimizer.step()
+        return float(norm)
+
+    def _reduce(self, sums: dict[str, float], updates: int) -> dict[str, float]:
+        keys = sorted(sums)
+        gathered: list[Any] = [None] * self.spec.world_size
+        dist.all_gather_object(gathered, {k: sums[k] for k in keys})
+        total: dict[str, float] = defaultdict(float)
+        for part in gathered:
+            for k, v in part.items():
+                if k.startswith(("grad_norm", "value/grad_norm")):
+                    total[k] = v  # the same on every rank
+                else:
+                    total[k] += v
+        tokens = max(total.pop("@tokens", 0.0), 1.0)
+        out: dict[str, float] = {}
+        for k, v in total.items():
+            if k.endswith("@w"):
+                out[k[:-2]] = v / tokens
+            elif k.startswith("loss/"):
+                out[k] = v / updates
+            else:
+                out[k] = v / updates
+        return out
+
+    # ---- weights and checkpoints -----------------------------------------------------------
+
+    def full_state(self) -> dict[str, Any]:
+        """The policy's full state dict on rank 0 (``{}`` on others). Collective."""
+        return fsdp.full_model_state(self.model)
+
+    def export_weights(self, directory: str) -> None:
+        """Write the policy as a Hugging Face directory (rank 0) for the inference servers.
+        Collective: every rank must call it."""
+        from safetensors.torch import save_file
+
+        state = self.full_state()
+        if self.spec.rank != 0:
+            return
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        if getattr(self.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        tensors = {k: v.detach().contiguous() for k, v in state.items()}
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        self.config.save_pretrained(str(out))
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Model, optimizer, scheduler, critic and RNG into ``directory``. Collective."""
+        out = Path(directory)
+        state: dict[str, Any] = {
+            "model": fsdp.full_model_state(self.model),
+            "optimizer": fsdp.full_optimizer_state(self.model, self.optimizer),
+        }
+        if self.critic is not None:
+            state["critic"] = fsdp.full_model_state(self.critic)
+            state["critic_optimizer"] = fsdp.full_optimizer_state(
+                self.critic, self.critic_optimizer
+            )
+        if self.spec.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            torch.save(state, out / "learner.pt")
+            torch.save({"scheduler": self.scheduler.state_dict(), "step": self.step},
+                       out / "schedule.pt")  # fmt: skip
+        dist.barrier()
+        torch.save(capture_rng(), out / f"rng_rank{self.spec.rank}.pt")
+
+    def load_checkpoint(self, directory: str) -> int:
+        """Undo :meth:`save_checkpoint` (any number of ranks may load it). Collective."""
+        src = Path(directory)
+        state: dict[str, Any] = {}
+        if self.spec.rank == 0:
+            state = torch.load(src / "learner.pt", map_location="cpu", weights_only=False)
+        fsdp.load_full_state(self.model, self.optimizer, state.get("model", {}),
+                             state.get("optimizer", {}))  # fmt: skip
+        if self.critic is not None:
+            fsdp.load_full_state(self.critic, self.critic_optimizer, state.get("critic", {}),
+                                 state.get("critic_optimizer", {}))  # fmt: skip
+        schedule = torch.load(src / "schedule.pt", map_location="cpu", weights_only=False)
+        self.scheduler.load_state_dict(schedule["scheduler"])
+        self.step = int(schedule["step"])
+        rng = src / f"rng_rank{self.spec.rank}.pt"
+        if rng.is_file():
+            restore_rng(torch.load(rng, weights_only=False))
+        return self.step
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
