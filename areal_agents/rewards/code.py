@@ -1,0 +1,303 @@
+r"""Unit tests run in a sandbox: all-pass 1.0 else 0.0 (or the fraction passed).
+
+The hidden tests (:class:`UnitTests`) run inside a sandbox next to the submitted program, one
+case at a time, with a time limit per case and one for the whole run. The result's ``status``
+keeps the reasons apart:
+
+* ``correct`` — every case passed; ``wrong`` / ``partial`` — some failed;
+* ``timeout`` — a case or the whole run ran out of time (never folded into ``wrong``);
+* ``error`` — the submitted program did not load (syntax error, exception at import, no entry
+  point, out of memory, or it killed the test runner);
+* ``no_answer`` — the response held no code.
+
+A broken sandbox (container gone) raises :class:`~areal_agents.errors.SandboxError` instead:
+an infrastructure fault is never a reward.
+
+>>> tests = UnitTests(tests=("assert add(2, 0) == 2", "assert add(1, 2) == 3"), entry_point="add")
+>>> reward = UnitTestReward(backend="process")
+>>> reward("```python\ndef add(a, b):\n    return a + b\n```", tests).status
+'correct'
+>>> reward("```python\ndef add(a, b):\n    return a - b\n```", tests).details["passed"]
+1
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from areal_agents.rewards.base import Reward, RewardResult
+from areal_agents.rewards.extract import extract_code_blocks
+from areal_agents.sandboxes import Sandbox, make_sandbox
+
+__all__ = [
+    "TestReport",
+    "UnitTestReward",
+    "UnitTests",
+    "assemble_program",
+    "run_unit_tests",
+    "select_code",
+]
+
+_HARNESS = (Path(__file__).with_name("_harness.py")).read_text()
+
+
+@dataclass(frozen=True)
+class UnitTests:
+    """The hidden tests of a coding task.
+
+    Attributes:
+        tests: a sequence of snippets (each one test case, e.g. ``"assert f(1) == 2"``), or one
+            test program: HumanEval-style (defines ``check(candidate)``; needs
+            ``entry_point``), or plain top-level asserts.
+        entry_point: the function the solution must define (``check`` gets it as
+            ``candidate``); ``None`` when the tests need no particular name.
+        preamble: code that goes before the solution (HumanEval's prompt: imports, helper
+            functions and the signature, so that a body-only completion also works).
+    """
+
+    tests: tuple[str, ...] | str
+    entry_point: str | None = None
+    preamble: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tests, str):
+            object.__setattr__(self, "tests", tuple(str(t) for t in self.tests))
+            if not self.tests:
+                raise ValueError("UnitTests needs at least one test case")
+
+    @property
+    def mode(self) -> str:
+        """``cases``, ``check`` or ``program`` (how the runner splits the tests into cases)."""
+        if not isinstance(self.tests, str):
+            return "cases"
+        if self.entry_point and "def check(" in self.tests:
+            return "check"
+        return "program"
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> UnitTests:
+        """From ``{"tests": ..., "entry_point": ..., "preamble"/"prompt_code": ...}``."""
+        tests = data.get("tests", data.get("test"))
+        if tests is None:
+            raise ValueError(f"unit tests need a 'tests' key, got {sorted(data)}")
+        return cls(
+            tests=tests if isinstance(tests, str) else tuple(tests),
+            entry_point=data.get("entry_point"),
+            preamble=str(data.get("preamble", "")),
+        )
+
+
+@dataclass(frozen=True)
+class TestReport:
+    """What the runner saw: per-case outcomes and how the run ended."""
+
+    __test__ = False  # not a pytest class
+
+    total: int
+    passed: int
+    case_timeouts: int
+    run_timed_out: bool
+    load_error: str | None
+    failures: tuple[str, ...]
+    stdout: str
+
+
+def _defines(code: str, name: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return f"def {name}(" in code
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and node.name == name
+        for node in tree.body
+    )
+
+
+def select_code(response: str, entry_point: str | None = None) -> str | None:
+    """The program in a response: the last fenced Python block that defines ``entry_point``,
+    else the last fenced block, else the whole response when it is Python defining it."""
+    blocks = [b for b in extract_code_blocks(response) if b.strip()]
+    if blocks:
+        if entry_point:
+            defining = [b for b in blocks if _defines(b, entry_point)]
+            if defining:
+                return defining[-1]
+        return blocks[-1]
+    text = response.strip()
+    if text and entry_point and _defines(text, entry_point):
+        try:
+            ast.parse(text)
+        except SyntaxError:
+            return None
+        return text
+    return None
+
+
+def assemble_program(code: str, tests: UnitTests) -> str:
+    """The preamble plus the submitted code; a body-only completion finishes the preamble's
+    function, a full definition replaces it."""
+    if not tests.preamble:
+        return code
+    if tests.entry_point and not _defines(code, tests.entry_point):
+        lines = code.splitlines()
+        first = next((ln for ln in lines if ln.strip()), "")
+        if first and not first[0].isspace():  # an unindented body: indent it
+            code = "\n".join(("    " + ln) if ln.strip() else ln for ln in lines)
+        return tests.preamble.rstrip("\n") + "\n" + code + "\n"
+    return tests.preamble.rstrip("\n") + "\n\n\n" + code + "\n"
+
+
+def run_unit_tests(
+    sandbox: Sandbox,
+    code: str,
+    tests: UnitTests,
+    *,
+    timeout_s: float = 30.0,
+    case_timeout_s: float = 5.0,
+    fail_fast: bool = False,
+) -> TestReport:
+    """Run ``tests`` against ``code`` (already assembled) in ``sandbox``; infrastructure faults
+    raise :class:`~areal_agents.errors.SandboxError`. ``fail_fast`` stops at the first failing
+    case (the cases after it count as not passed)."""
+    nonce = "@@areal-" + secrets.token_hex(8) + "@@"
+    job = {
+        "nonce": nonce,
+        "case_timeout": case_timeout_s,
+        "solution": code,
+        "tests": tests.tests if isinstance(tests.tests, str) else list(tests.tests),
+        "entry_point": tests.entry_point,
+        "mode": tests.mode,
+        "fail_fast": fail_fast,
+    }
+    program = _HARNESS + f"\nmain(json.loads({json.dumps(json.dumps(job))}))\n"
+    result = sandbox.run_python(program, timeout=timeout_s)
+    events = []
+    for line in result.stdout.splitlines():
+        at = line.find(nonce)
+        if at >= 0:
+            try:
+                events.append(json.loads(line[at + len(nonce) :]))
+            except json.JSONDecodeError:
+                continue
+    cases = [e for e in events if e.get("event") == "case"]
+    load = next((e for e in events if e.get("event") == "load_error"), None)
+    done = next((e for e in events if e.get("event") == "done"), None)
+    load_error = None
+    if load is not None:
+        load_error = str(load.get("error"))
+    elif done is None and not result.timed_out:
+        if result.oom_killed:
+            load_error = "the program ran out of memory"
+        else:
+            tail = (result.stderr or result.stdout)[-300:]
+            load_error = f"the test run ended early (exit code {result.exit_code}): {tail}"
+    plan = next((e for e in events if e.get("event") == "plan"), None)
+    total = max(len(cases), int((plan or {}).get("total", 0)))
+    failed = [f"case {e.get('index')}: {e.get('error')}" for e in cases if not e.get("ok")]
+    run_timed_out = result.timed_out or bool(load and load.get("timeout"))
+    return TestReport(
+        total=total,
+        passed=sum(1 for e in cases if e.get("ok")),
+        case_timeouts=sum(1 for e in cases if e.get("timeout")),
+        run_timed_out=run_timed_out,
+        load_error=None if run_timed_out and load is None else load_error,
+        failures=tuple(failed[:5]),
+        stdout=str((done or {}).get("stdout", ""))[-500:],
+    )
+
+
+class UnitTestReward(Reward):
+    """Reward a program by hidden unit tests run in a sandbox.
+
+    Args:
+        mode: ``"all"`` (1.0 when every case passes, else 0.0) or ``"fraction"`` (passed/total).
+        timeout_s: limit for the whole test run; ``case_timeout_s`` for one case.
+        timeout_reward: the reward of a run that timed out (status ``"timeout"``).
+        sandbox: run in this sandbox (it is reset first, then left open); without one, every
+            call opens a fresh sandbox of ``backend`` with ``sandbox_options`` and closes it.
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: str = "all",
+        timeout_s: float = 30.0,
+        case_timeout_s: float = 5.0,
+        timeout_reward: float = 0.0,
+        sandbox: Sandbox | None = None,
+        backend: str = "auto",
+        sandbox_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if mode not in ("all", "fraction"):
+            raise ValueError(f"mode={mode!r}: choose 'all' or 'fraction'")
+        self.mode = mode
+        self.timeout_s = timeout_s
+        self.case_timeout_s = case_timeout_s
+        self.timeout_reward = timeout_reward
+        self.sandbox = sandbox
+        self.backend = backend
+        self.sandbox_options = dict(sandbox_options or {})
+
+    def __call__(self, response: str, reference: Any) -> RewardResult:
+        tests = reference if isinstance(reference, UnitTests) else UnitTests.from_mapping(reference)
+        code = select_code(response, tests.entry_point)
+        if code is None:
+            return RewardResult(0.0, "no_answer", {"error": "no Python code block found"})
+        return self.check(code, tests)
+
+    def check(self, code: str, tests: UnitTests, sandbox: Sandbox | None = None) -> RewardResult:
+        """Score already-extracted ``code`` (in ``sandbox``, reset first, when given)."""
+        program = assemble_program(code, tests)
+        box = sandbox or self.sandbox
+        if box is not None:
+            box.reset()
+            report = run_unit_tests(
+                box,
+                program,
+                tests,
+                timeout_s=self.timeout_s,
+                case_timeout_s=self.case_timeout_s,
+                fail_fast=self.mode == "all",
+            )
+        else:
+            with make_sandbox(self.backend, **self.sandbox_options) as fresh:
+                report = run_unit_tests(
+                    fresh,
+                    program,
+                    tests,
+                    timeout_s=self.timeout_s,
+                    case_timeout_s=self.case_timeout_s,
+                    fail_fast=self.mode == "all",
+                )
+        return self.result(report)
+
+    def result(self, report: TestReport) -> RewardResult:
+        """The reward and status for a :class:`TestReport`."""
+        details: dict[str, Any] = {
+            "passed": report.passed,
+            "total": report.total,
+            "case_timeouts": report.case_timeouts,
+        }
+        if report.failures:
+            details["failures"] = list(report.failures)
+        if report.run_timed_out or (report.case_timeouts and report.passed < report.total):
+            details["error"] = (
+                "the test run timed out" if report.run_timed_out else "a case timed out"
+            )
+            return RewardResult(self.timeout_reward, "timeout", details)
+        if report.load_error is not None:
+            details["error"] = report.load_error
+            return RewardResult(0.0, "error", details)
+        if report.total and report.passed == report.total:
+            return RewardResult(1.0, "correct", details)
+        if self.mode == "fraction" and report.total:
+            value = report.passed / report.total
+            return RewardResult(value, "partial" if report.passed else "wrong", details)
+        return RewardResult(0.0, "wrong", details)

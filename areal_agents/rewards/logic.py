@@ -1,0 +1,68 @@
+r"""Puzzles and logic tasks scored by the verifiers that ``reasoning-gym`` ships.
+
+Many reasoning-gym tasks have several valid answers (a propositional-logic conclusion, a
+sudoku with more than one completion, a countdown expression): comparing with the one stored
+answer would be wrong, so :class:`ReasoningGymReward` calls the dataset's own
+``score_answer(answer, entry)``. Any reasoning-gym dataset works with no new code.
+
+>>> import reasoning_gym
+>>> entry = reasoning_gym.create_dataset("knights_knaves", size=1, seed=3)[0]
+>>> reward = ReasoningGymReward()
+>>> reward(f"<answer>{entry['answer']}</answer>", entry).status
+'correct'
+>>> reward("<answer>nobody</answer>", entry).reward
+0.0
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from areal_agents.errors import DependencyError
+from areal_agents.rewards.base import Reward, RewardResult, RewardTimeout, call_with_timeout
+from areal_agents.rewards.extract import extract_answer
+
+__all__ = ["ReasoningGymReward", "reasoning_gym_scorer"]
+
+
+@functools.cache
+def reasoning_gym_scorer(dataset: str) -> Callable[[str | None, dict[str, Any]], float]:
+    """reasoning-gym's ``score_answer`` for the named dataset (cached)."""
+    try:
+        import reasoning_gym
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise DependencyError.missing("reasoning-gym", "train") from e
+    return reasoning_gym.get_score_answer_fn(dataset)  # type: ignore[return-value,unused-ignore]
+
+
+class ReasoningGymReward(Reward):
+    r"""Score with the reasoning-gym verifier of the entry's ``source_dataset``.
+
+    ``reference`` is a reasoning-gym entry (``question``, ``answer``, ``metadata`` with
+    ``source_dataset``). The answer is the last ``<answer>`` tag, else ``\boxed{}``, else the
+    whole response (``fallback_to_text=False`` makes that ``no_answer``).
+    """
+
+    def __init__(self, *, timeout_s: float = 10.0, fallback_to_text: bool = True) -> None:
+        self.timeout_s = timeout_s
+        self.fallback_to_text = fallback_to_text
+
+    def __call__(self, response: str, reference: Any) -> RewardResult:
+        if not isinstance(reference, Mapping):
+            raise TypeError("ReasoningGymReward needs the reasoning-gym entry as reference")
+        entry = dict(reference)
+        dataset = (entry.get("metadata") or {}).get("source_dataset")
+        if not isinstance(dataset, str):
+            raise ValueError("reasoning-gym entry has no metadata['source_dataset']")
+        answer = extract_answer(response, fallback_to_text=self.fallback_to_text)
+        if answer is None:
+            return RewardResult(0.0, "no_answer")
+        scorer = reasoning_gym_scorer(dataset)
+        try:
+            value = float(call_with_timeout(lambda: scorer(answer, entry), self.timeout_s))
+        except RewardTimeout:
+            return self.timed_out(f"reasoning-gym {dataset} verifier")
+        status = "correct" if value >= 1.0 else "wrong" if value <= 0.0 else "partial"
+        return RewardResult(value, status, {"answer": answer, "dataset": dataset})

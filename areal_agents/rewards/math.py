@@ -1,0 +1,91 @@
+r"""Math answers compared by symbolic equivalence (``math-verify``), not by string.
+
+The final answer is the last ``\boxed{...}`` of the response (an ``<answer>`` tag also works).
+Gold and answer are parsed by ``math-verify`` as LaTeX and as plain expressions, then compared
+with sympy: ``\frac{1}{2}``, ``0.5``, ``2/4`` and ``\dfrac12`` are the same answer.
+
+``math-verify``'s own time limit uses signals and works only in the main thread; environments
+call rewards from worker threads, so this module switches that limit off and bounds the time
+by waiting on a helper thread instead (:func:`~areal_agents.rewards.base.call_with_timeout`).
+
+>>> reward = MathEquivalence()
+>>> reward(r"... so the answer is \boxed{\dfrac{2}{4}}", "0.5").status
+'correct'
+>>> reward("I am not sure", "0.5").status
+'no_answer'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal_agents.errors import DependencyError
+from areal_agents.rewards.base import Reward, RewardResult, RewardTimeout, call_with_timeout
+from areal_agents.rewards.extract import extract_answer_tag, extract_boxed
+
+__all__ = ["MathEquivalence", "math_equal"]
+
+_MAX_ANSWER_CHARS = 1000
+
+
+def _math_verify() -> Any:
+    try:
+        import math_verify
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise DependencyError.missing("math-verify", "train") from e
+    return math_verify
+
+
+def _as_latex(text: str) -> str:
+    text = text.strip()
+    if text.startswith("$") or text.startswith("\\(") or text.startswith("\\["):
+        return text
+    return f"${text}$"
+
+
+def math_equal(answer: str, gold: str | float | int) -> bool:
+    """Whether ``answer`` and ``gold`` are the same mathematical object (no time limit)."""
+    mv = _math_verify()
+    gold_parsed = mv.parse(_as_latex(str(gold)), parsing_timeout=None)
+    if not gold_parsed:
+        raise ValueError(f"math-verify cannot parse the gold answer {gold!r}")
+    answer_parsed = mv.parse(_as_latex(answer), parsing_timeout=None)
+    if not answer_parsed:
+        return False
+    return bool(mv.verify(gold_parsed, answer_parsed, timeout_seconds=None))
+
+
+class MathEquivalence(Reward):
+    r"""1.0 when the boxed answer equals the gold answer symbolically, else 0.0.
+
+    Args:
+        timeout_s: limit for parsing and comparing one answer (status ``"timeout"`` past it).
+        require_boxed: when False, a response with neither ``\boxed{}`` nor ``<answer>`` is
+            taken whole as the answer instead of scoring ``no_answer``.
+    """
+
+    def __init__(self, *, timeout_s: float = 10.0, require_boxed: bool = True) -> None:
+        self.timeout_s = timeout_s
+        self.require_boxed = require_boxed
+
+    def __call__(self, response: str, reference: Any) -> RewardResult:
+        if isinstance(reference, dict):
+            reference = reference.get("answer")
+        if reference is None:
+            raise ValueError("MathEquivalence needs a gold answer")
+        answer = extract_boxed(response)
+        if answer is None:
+            answer = extract_answer_tag(response)
+        if answer is None and not self.require_boxed and response.strip():
+            answer = response.strip()
+        if answer is None or not answer:
+            return RewardResult(0.0, "no_answer")
+        if len(answer) > _MAX_ANSWER_CHARS:
+            return RewardResult(0.0, "format_error", {"error": "answer too long"})
+        try:
+            equal = call_with_timeout(lambda: math_equal(answer, reference), self.timeout_s)
+        except RewardTimeout:
+            return self.timed_out("math-verify")
+        if equal:
+            return RewardResult(1.0, "correct", {"answer": answer})
+        return RewardResult(0.0, "wrong", {"answer": answer})
