@@ -24,6 +24,7 @@ __all__ = ["BubblewrapSandbox", "bubblewrap_problem"]
 
 _PASSWD = "root:x:0:0:root:/root:/bin/sh\nsandbox:x:65534:65534:sandbox:/work:/bin/sh\n"
 _GROUP = "root:x:0:\nsandbox:x:65534:\n"
+_PROBE_TAIL = ("--dev", "/dev", "--", "/usr/bin/true")
 _ETC_FILES = ("ld.so.cache", "localtime", "nsswitch.conf")
 
 
@@ -34,8 +35,7 @@ def bubblewrap_problem() -> str | None:
         return "bwrap is not installed (apt-get install bubblewrap)"
     try:
         probe = subprocess.run(
-            [bwrap, "--unshare-all", "--ro-bind", "/usr", "/usr", *_root_links(), "--dev", "/dev"]
-            + ["--", "/usr/bin/true"],
+            [bwrap, "--unshare-all", "--ro-bind", "/usr", "/usr", *_root_links(), *_PROBE_TAIL],
             capture_output=True,
             timeout=20,
             check=False,
