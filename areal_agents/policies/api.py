@@ -1,0 +1,482 @@
+"""The built-in server's HTTP API: OpenAI-compatible routes plus the routes training needs.
+
+OpenAI routes speak the same fields as vLLM's OpenAI server, including its extensions for RL:
+``return_token_ids`` (top-level/per-choice ``prompt_token_ids`` and per-choice ``token_ids``)
+and token-id prompts on ``/v1/completions``. Every response carries the serving weight version
+(``weight_version`` in the body, ``X-Weight-Version`` header). Training routes: ``/pause``,
+``/resume``, ``/weight_version``, ``/update_weights_from_disk`` (JSON ``{"path", "version"}``)
+and ``/update_weights?version=N`` (a safetensors-serialised state dict as the request body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from areal_agents.errors import ConfigError, WeightSyncError
+from areal_agents.policies.engine import Engine, GenerationRequest, GenerationResult
+from areal_agents.policies.templates import render_prompt_ids
+
+__all__ = ["APIError", "ChatRequest", "CompletionRequest", "create_app", "parse_hermes_tool_calls"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+class APIError(Exception):
+    """An error answered in the OpenAI error format."""
+
+    def __init__(
+        self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as vLLM does
+
+    model: str
+    n: int = Field(1, ge=1, le=64)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    stream: bool = False
+    return_token_ids: bool = False
+
+
+class ChatRequest(_Base):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionRequest(_Base):
+    """``POST /v1/completions`` (text or token-id prompts)."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+
+
+def parse_hermes_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split ``text`` into content and OpenAI ``tool_calls`` (``<tool_call>`` JSON blocks).
+
+    As vLLM's hermes parser: when any block is not a JSON object with a ``name``, nothing is
+    parsed and the whole text is content.
+    """
+    blocks = _TOOL_BLOCK.findall(text)
+    if not blocks:
+        return text, []
+    calls = []
+    for raw in blocks:
+        try:
+            data = json.loads(raw.strip())
+        except json.JSONDecodeError:
+            return text, []
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            return text, []
+        arguments = data.get("arguments", {})
+        calls.append(
+            {
+                "id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": data["name"],
+                    "arguments": arguments
+                    if isinstance(arguments, str)
+                    else json.dumps(arguments, ensure_ascii=False),
+                },
+            }
+        )
+    content = text[: text.find("<tool_call>")].strip()
+    return content or None, calls
+
+
+def _check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    out = []
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(fn, dict):
+            raise APIError(400, f"tools[{i}]: expected {{'type': 'function', 'function': {{...}}}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise APIError(
+                400, f"tools[{i}].function.name {name!r} must match [A-Za-z0-9_-]{{1,64}}"
+            )
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema object")
+        try:
+            Draft202012Validator.check_schema(params)
+        except SchemaError as e:
+            raise APIError(
+                400, f"tools[{i}].function.parameters: bad schema: {e.message}"
+            ) from None
+        out.append(tool)
+    return out
+
+
+def _check_messages(messages: list[dict[str, Any]]) -> None:
+    for i, m in enumerate(messages):
+        if m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
+            raise APIError(400, f"messages[{i}].role {m.get('role')!r} is not a chat role")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+            m["content"] = "".join(parts)
+        elif content is None:
+            m["content"] = ""
+        elif not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string or content parts")
+        if m["role"] == "developer":
+            m["role"] = "system"
+
+
+class _Server:
+    def __init__(self, engine: Engine, served_name: str) -> None:
+        self.engine = engine
+        self.name = served_name
+        self.tok: Any = engine.tokenizer
+
+    def _check_common(self, req: _Base) -> None:
+        if req.model != self.name:
+            raise APIError(
+                404,
+                f"The model `{req.model}` does not exist. Valid aliases: {self.name}.",
+                "NotFoundError",
+                "model",
+            )
+        if req.stream:
+            raise APIError(
+                400, "stream=true is not supported by the built-in server", param="stream"
+            )
+
+    def _requests(
+        self,
+        req: _Base,
+        prompt: list[int],
+        max_tokens: int | None,
+        top: int,
+        prefix: tuple[int, ...],
+    ) -> list[GenerationRequest]:
+        room = self.engine.max_model_len - len(prompt)
+        if room <= 0:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {self.engine.max_model_len} tokens. "
+                f"However, your request has {len(prompt)} input tokens.",
+                param="messages",
+            )
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        return [
+            GenerationRequest(
+                prompt_ids=prompt,
+                max_tokens=max_tokens if max_tokens is not None else room,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                stop_token_ids=frozenset(req.stop_token_ids or ()),
+                stop=stop,
+                seed=None if req.seed is None else req.seed + i,
+                top_logprobs=top,
+                forced_prefix=prefix,
+            )
+            for i in range(req.n)
+        ]
+
+    async def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        try:
+            futures = [self.engine.submit(r) for r in requests]
+        except ConfigError as e:
+            raise APIError(400, str(e)) from None
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+    def _text(self, ids: list[int], stop_reason: int | str | None) -> str:
+        text = self.tok.decode(ids, skip_special_tokens=True)
+        if isinstance(stop_reason, str) and stop_reason in text:
+            text = text[: text.find(stop_reason)]
+        return text
+
+    def _token(self, token_id: int) -> str:
+        return self.tok.decode([token_id], skip_special_tokens=False)
+
+    async def chat(self, req: ChatRequest) -> dict[str, Any]:
+        self._check_common(req)
+        tools = _check_tools(req.tools)
+        _check_messages(req.messages)
+        choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+        prefix_text = ""
+        if isinstance(choice, dict):
+            name = str((choice.get("function") or {}).get("name"))
+            if name not in {t["function"]["name"] for t in tools}:
+                raise APIError(
+                    400, f"tool_choice names {name!r}, not one of the tools", param="tool_choice"
+                )
+            prefix_text = '<tool_call>\n{"name": "' + name + '", "arguments": '
+        elif choice == "required":
+            if not tools:
+                raise APIError(400, "tool_choice=required needs tools", param="tool_choice")
+            prefix_text = "<tool_call>\n"
+        elif choice not in ("auto", "none"):
+            raise APIError(400, f"tool_choice={choice!r} is not supported", param="tool_choice")
+        use_tools = tools if choice != "none" else []
+        try:
+            prompt = render_prompt_ids(self.tok, req.messages, use_tools)
+        except ConfigError as e:
+            raise APIError(400, str(e), param="messages") from None
+        prefix = (
+            tuple(self.tok.encode(prefix_text, add_special_tokens=False)) if prefix_text else ()
+        )
+        top = (req.top_logprobs or 0) if req.logprobs else 0
+        limit = req.max_completion_tokens or req.max_tokens
+        results = await self._generate(self._requests(req, prompt, limit, top, prefix))
+        choices = []
+        for i, res in enumerate(results):
+            text = self._text(res.token_ids, res.stop_reason)
+            content, calls = (text, []) if choice == "none" else parse_hermes_tool_calls(text)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            entry: dict[str, Any] = {
+                "index": i,
+                "message": message,
+                "logprobs": self._chat_logprobs(res) if req.logprobs else None,
+                "finish_reason": "tool_calls"
+                if calls and res.finish_reason == "stop"
+                else res.finish_reason,
+                "stop_reason": res.stop_reason,
+            }
+            if req.return_token_ids:
+                entry["token_ids"] = res.token_ids
+            choices.append(entry)
+        out = self._envelope("chat.completion", "chatcmpl", choices, prompt, results)
+        if req.return_token_ids:
+            out["prompt_token_ids"] = prompt
+        return out
+
+    def _chat_logprobs(self, res: GenerationResult) -> dict[str, Any]:
+        content = []
+        for j, (tid, lp) in enumerate(zip(res.token_ids, res.logprobs, strict=True)):
+            text = self._token(tid)
+            tops = res.top_logprobs[j] if j < len(res.top_logprobs) else []
+            content.append(
+                {
+                    "token": text,
+                    "logprob": lp,
+                    "bytes": list(text.encode()),
+                    "top_logprobs": [
+                        {"token": (t := self._token(k)), "logprob": v, "bytes": list(t.encode())}
+                        for k, v in tops
+                    ],
+                }
+            )
+        return {"content": content}
+
+    async def completions(self, req: CompletionRequest) -> dict[str, Any]:
+        self._check_common(req)
+        if req.echo:
+            raise APIError(400, "echo=true is not supported by the built-in server", param="echo")
+        raw = req.prompt
+        prompts: list[list[int]]
+        if isinstance(raw, str):
+            prompts = [self.tok.encode(raw, add_special_tokens=False)]
+        elif raw and all(isinstance(x, int) for x in raw):
+            prompts = [list(raw)]  # type: ignore[arg-type]
+        elif raw and all(isinstance(x, str) for x in raw):
+            prompts = [self.tok.encode(x, add_special_tokens=False) for x in raw]
+        elif raw and all(isinstance(x, list) for x in raw):
+            prompts = [list(x) for x in raw]  # type: ignore[arg-type]
+        else:
+            raise APIError(
+                400, "prompt must be a string, token ids, or a list of either", param="prompt"
+            )
+        if any(not p for p in prompts):
+            raise APIError(400, "prompt is empty", param="prompt")
+        top = req.logprobs or 0
+        batch = [r for p in prompts for r in self._requests(req, p, req.max_tokens, top, ())]
+        results = await self._generate(batch)
+        choices = []
+        for i, res in enumerate(results):
+            prompt = prompts[i // req.n]
+            entry: dict[str, Any] = {
+                "index": i,
+                "text": self._text(res.token_ids, res.stop_reason),
+                "logprobs": self._completion_logprobs(res) if req.logprobs is not None else None,
+                "finish_reason": res.finish_reason,
+                "stop_reason": res.stop_reason,
+            }
+            if req.return_token_ids:
+                entry["token_ids"] = res.token_ids
+                entry["prompt_token_ids"] = prompt
+            choices.append(entry)
+        return self._envelope(
+            "text_completion", "cmpl", choices, [t for p in prompts for t in p], results
+        )
+
+    def _completion_logprobs(self, res: GenerationResult) -> dict[str, Any]:
+        tokens = [self._token(t) for t in res.token_ids]
+        offsets, pos = [], 0
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        tops = [
+            {
+                self._token(k): v
+                for k, v in (res.top_logprobs[j] if j < len(res.top_logprobs) else [])
+            }
+            for j in range(len(tokens))
+        ]
+        return {
+            "tokens": tokens,
+            "token_logprobs": res.logprobs,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+    def _envelope(
+        self,
+        kind: str,
+        prefix: str,
+        choices: list[dict[str, Any]],
+        prompt: list[int],
+        results: list[GenerationResult],
+    ) -> dict[str, Any]:
+        completion = sum(len(r.token_ids) for r in results)
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion,
+                "total_tokens": len(prompt) + completion,
+            },
+            "weight_version": results[0].weight_version if results else self.engine.weight_version,
+        }
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+def create_app(engine: Engine, served_model_name: str, api_key: str | None = None) -> FastAPI:
+    """The FastAPI application serving ``engine`` under ``served_model_name``."""
+    app = FastAPI(title="areal_agents built-in inference server")
+    server = _Server(engine, served_model_name)
+
+    @app.middleware("http")
+    async def _headers(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        guarded = api_key and request.url.path.startswith("/v1/")
+        if guarded and request.headers.get("authorization") != f"Bearer {api_key}":
+            return _error(401, "invalid or missing API key", "AuthenticationError")
+        response = await call_next(request)
+        response.headers["X-Weight-Version"] = str(engine.weight_version)
+        return response
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.kind, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ())[1:])
+        return _error(
+            400, f"{where}: {first.get('msg', 'invalid request')}", "BadRequestError", where or None
+        )
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "weight_version": engine.weight_version}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": served_model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "areal_agents",
+            "root": engine.model_path,
+            "max_model_len": engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest) -> dict[str, Any]:
+        return await server.chat(req)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> dict[str, Any]:
+        return await server.completions(req)
+
+    @app.get("/weight_version")
+    async def weight_version() -> dict[str, Any]:
+        return {"weight_version": engine.weight_version, "is_paused": engine.is_paused}
+
+    @app.post("/pause")
+    async def pause() -> dict[str, Any]:
+        await asyncio.to_thread(engine.pause)
+        return {"status": "paused", "weight_version": engine.weight_version}
+
+    @app.post("/resume")
+    async def resume() -> dict[str, Any]:
+        engine.resume()
+        return {"status": "resumed", "weight_version": engine.weight_version}
+
+    class _DiskUpdate(BaseModel):
+        path: str
+        version: int
+
+    @app.post("/update_weights_from_disk")
+    async def update_from_disk(body: _DiskUpdate) -> dict[str, Any]:
+        try:
+            await asyncio.to_thread(engine.update_weights_from_disk, body.path, body.version)
+        except WeightSyncError as e:
+            raise APIError(400, str(e), "WeightSyncError") from None
+        return {"status": "ok", "weight_version": engine.weight_version}
+
+    @app.post("/update_weights")
+    async def update_in_memory(request: Request, version: int) -> dict[str, Any]:
+        from safetensors.torch import load as load_safetensors
+
+        data = await request.body()
+        try:
+            state = load_safetensors(data)
+        except Exception as e:
+            raise APIError(
+                400, f"body is not a safetensors state dict: {e}", "WeightSyncError"
+            ) from None
+        try:
+            await asyncio.to_thread(engine.update_weights, state, version)
+        except WeightSyncError as e:
+            raise APIError(400, str(e), "WeightSyncError") from None
+        return {"status": "ok", "weight_version": engine.weight_version}
+
+    return app

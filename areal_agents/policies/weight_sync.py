@@ -1,0 +1,105 @@
+"""The weight-sync contract between a trainer and its inference servers, and its helpers.
+
+Both the built-in server's handle (:class:`~areal_agents.policies.server.BuiltinServer`) and
+the vLLM launcher (:class:`~areal_agents.policies.vllm.VLLMServer`) implement
+:class:`WeightSync`. Every method is bounded by a timeout and raises
+:class:`~areal_agents.errors.WeightSyncError` on failure; none ever hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from areal_agents.errors import WeightSyncError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "WeightSync",
+    "check_shapes",
+    "checkpoint_shapes",
+    "state_dict_shapes",
+    "state_dict_to_bytes",
+]
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """Push new policy weights to an inference server and control its generation."""
+
+    def update_weights_from_disk(self, path: str, version: int, timeout: float = 120.0) -> None:
+        """Load the HF safetensors checkpoint at ``path`` and serve it as ``version``."""
+        ...
+
+    def update_weights_from_state_dict(
+        self, state: Mapping[str, torch.Tensor], version: int, timeout: float = 120.0
+    ) -> None:
+        """Serve the tensors of ``state`` (HF parameter names) as ``version``."""
+        ...
+
+    def weight_version(self) -> int:
+        """The version of the weights being served now."""
+        ...
+
+    def pause(self) -> None:
+        """Stop generating; in-flight requests return early with ``finish_reason="abort"``."""
+        ...
+
+    def resume(self) -> None:
+        """Generate again."""
+        ...
+
+
+def state_dict_to_bytes(state: Mapping[str, torch.Tensor]) -> bytes:
+    """A state dict as safetensors bytes (contiguous CPU copies; shared storage is fine)."""
+    from safetensors.torch import save
+
+    return save({k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()})
+
+
+def state_dict_shapes(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape."""
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
+def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of every ``*.safetensors`` file at ``path``, read from the headers."""
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise WeightSyncError(f"no safetensors weights at {path}")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with f.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                shapes[name] = tuple(int(d) for d in meta["shape"])
+    return shapes
+
+
+def check_shapes(
+    expected: Mapping[str, tuple[int, ...]], got: Mapping[str, tuple[int, ...]], *, where: str
+) -> None:
+    """Raise :class:`WeightSyncError` when ``got`` has a tensor ``expected`` lacks or reshapes.
+
+    A checkpoint may omit tensors (a tied output head); it may not add or reshape any, because
+    loading such a checkpoint kills a vLLM engine instead of failing the request.
+    """
+    problems = []
+    for name, shape in got.items():
+        if name not in expected:
+            problems.append(f"unexpected tensor {name!r}")
+        elif tuple(expected[name]) != tuple(shape):
+            problems.append(f"{name}: shape {tuple(shape)} != served {tuple(expected[name])}")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise WeightSyncError(
+            f"{where} does not fit the served model: {'; '.join(problems[:3])}{more}"
+        )
