@@ -132,11 +132,14 @@ def capture(
     uid: int | None = None,
     preexec_fn: Callable[[], None] | None = None,
     kill_all: Callable[[], None] | None = None,
+    watch: Callable[[], str | None] | None = None,
 ) -> ExecResult:
     """Run ``argv`` in a new session, kill it at ``timeout``, keep ``max_output`` bytes per stream.
 
     ``kill_all`` ends every process the call may have left behind (the default kills the process
-    group); it runs on timeout and again once the main process has exited.
+    group); it runs on timeout and again once the main process has exited. ``watch`` is polled
+    about every 0.1 s while the program runs; a message from it kills the call and is appended
+    to stderr.
     """
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -163,9 +166,16 @@ def capture(
     deadline = start + timeout
     timed_out = False
     exited_at: float | None = None
+    verdict: str | None = None
+    next_watch = start + 0.1
     try:
         while True:
             now = time.monotonic()
+            if watch is not None and exited_at is None and now >= next_watch:
+                next_watch = now + 0.1
+                verdict = verdict or watch()
+                if verdict is not None:
+                    kill()
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
                 kill()  # background children must not outlive the call
@@ -184,9 +194,12 @@ def capture(
         if proc.poll() is None:
             kill()
         proc.wait()
+    err = bytes(pipes.out["stderr"])
+    if verdict is not None:
+        err += f"\n[sandbox: {verdict}; the program was killed]\n".encode()
     return ExecResult(
         stdout=decode_output(bytes(pipes.out["stdout"])),
-        stderr=decode_output(bytes(pipes.out["stderr"])),
+        stderr=decode_output(err),
         exit_code=signal_exit_code(proc.returncode),
         timed_out=timed_out,
         truncated=pipes.truncated,
@@ -297,11 +310,7 @@ class LocalSandbox(BaseSandbox):
         with self._lock:
             self._check_open()
             self._kill_all()
-            for child in self.work_dir.iterdir():
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    child.unlink(missing_ok=True)
+            self._wipe()
 
     def close(self) -> None:
         with self._lock:
@@ -320,6 +329,29 @@ class LocalSandbox(BaseSandbox):
     def _kill_all(self) -> None:
         if self.uid is not None:
             kill_uid(self.uid)
+
+    def _disk_used(self) -> int:
+        total = 0
+        for root, _, files in os.walk(self.work_dir):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+        return total
+
+    def _watch_disk(self) -> str | None:
+        """The work directory is a host directory: enforce its total size by watching it."""
+        if self._disk_used() > self.limits.disk_mb * 2**20:
+            self._kill_all()
+            self._wipe()
+            return f"work directory exceeded {self.limits.disk_mb} MB and was emptied"
+        return None
+
+    def _wipe(self) -> None:
+        for child in self.work_dir.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
     def _resolve(self, path: str) -> Path:
         """``path`` inside the work directory; symlinks may not lead out of it."""
@@ -353,6 +385,7 @@ class LocalSandbox(BaseSandbox):
                 uid=self.uid,
                 preexec_fn=rlimit_setter(self.limits, timeout),
                 kill_all=self._kill_all,
+                watch=self._watch_disk,
             )
         if _looks_oom(res):
             res = dataclasses.replace(res, oom_killed=True)

@@ -7,7 +7,10 @@ has only a loopback that is down; the new PID namespace ends every process when 
 process exits, so nothing survives a call. Limits are rlimits (address space per process, file
 size, open files, CPU seconds), and when the host process is root each sandbox runs under its own
 throw-away uid, which makes ``RLIMIT_NPROC`` a per-sandbox process limit. Unlike docker there
-is no cgroup: memory is limited per process, and disk per file (``disk_mb``) rather than in total.
+is no cgroup: memory is limited per process; ``/tmp`` is a tmpfs of ``disk_mb``; the work
+directory (a host directory, so that files persist between calls) is limited per file by
+``RLIMIT_FSIZE`` and in total by a watcher that kills the call and empties it when it outgrows
+``disk_mb`` (checked every 0.1 s, so a fast writer can overshoot briefly).
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ class BubblewrapSandbox(LocalSandbox):
             "/proc",
             "--dev",
             "/dev",
+            "--size",
+            str(self.limits.disk_mb * 2**20),
             "--tmpfs",
             "/tmp",
             "--dir",
