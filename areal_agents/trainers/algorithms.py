@@ -308,7 +308,12 @@ def compute_policy_loss(
     with ``agg = aggregate(., mask, cfg.aggregation)``; the KL term is left out when
     ``kl_in_reward`` (it is in the advantages instead). ``normalizer`` overrides the
     aggregation's denominator for gradient accumulation (see ``losses.aggregate``).
-    Log-probs of masked positions may hold anything finite: they contribute exactly nothing.
+    Masked positions may hold anything, even NaN or inf: they contribute exactly nothing.
+
+    Metrics: keys under ``loss/`` (``loss/policy``, ``loss/kl``, ``loss/entropy``,
+    ``loss/total``) use the loss's aggregation and ``normalizer``, so micro-batch values *add
+    up*; every other key (``ratio/*``, ``clip/*``, ``behavior/*``, ``approx_kl``, ``kl_ref``,
+    ``entropy``, ``advantage/mean``) is a token mean over this call's mask.
     """
     shape = logprobs.shape
     named = {"proximal_logprobs": proximal_logprobs, "behavior_logprobs": behavior_logprobs,
@@ -338,19 +343,22 @@ def compute_policy_loss(
         if ref_logprobs is None:
             raise ValueError(f"algo.kl_coef={cfg.kl_coef} needs ref_logprobs= ([B, T])")
         ref = torch.where(m, ref_logprobs.detach().to(lp.dtype), zero)
-        kl = kl_estimate(lp, ref, cfg.kl_estimator, cfg.max_log_ratio)  # [B, T]
-        kl_loss = agg(torch.where(m, kl, zero))
+        kl = torch.where(m, kl_estimate(lp, ref, cfg.kl_estimator, cfg.max_log_ratio), zero)
+        kl_loss = agg(kl)
         loss = loss + cfg.kl_coef * kl_loss
-        metrics["kl_ref"] = kl_loss.detach()
+        metrics["loss/kl"] = kl_loss.detach()
+        metrics["kl_ref"] = masked_mean(kl.detach(), maskf)
     elif ref_logprobs is not None:
         ref = torch.where(m, ref_logprobs.detach().to(lp.dtype), zero)
-        metrics["kl_ref"] = masked_mean(kl_estimate(lp.detach(), ref, "k3"), maskf)
+        kl = kl_estimate(lp.detach(), ref, cfg.kl_estimator, cfg.max_log_ratio)
+        metrics["kl_ref"] = masked_mean(kl, maskf)
     if entropy is not None:
         ent = torch.where(m, entropy, zero)
-        ent_mean = agg(ent)
         if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * ent_mean
-        metrics["entropy"] = ent_mean.detach()
+            ent_loss = agg(ent)
+            loss = loss - cfg.entropy_coef * ent_loss
+            metrics["loss/entropy"] = ent_loss.detach()
+        metrics["entropy"] = masked_mean(ent.detach(), maskf)
     elif cfg.entropy_coef > 0:
         raise ValueError(f"algo.entropy_coef={cfg.entropy_coef} needs entropy= ([B, T])")
     metrics["advantage/mean"] = masked_mean(adv, maskf)
@@ -370,6 +378,8 @@ def compute_value_loss(
     """``vf_coef * agg(0.5 * max((V - R)^2, (V_clip - R)^2))`` and detached metrics.
 
     The returned loss already carries ``vf_coef``: the learner adds it to the policy loss.
+    ``loss/value`` (unweighted) adds up over micro-batches like the policy's ``loss/*``; the
+    ``value/*`` metrics are token means over this call's mask.
     """
     maskf = mask.to(values.dtype)
     m = mask.bool()

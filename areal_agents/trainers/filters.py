@@ -50,8 +50,10 @@ def uniform_group_mask(rewards: Tensor, group_ids: Sequence[str], tol: float = 0
     idx = group_index(list(group_ids), device=rewards.device)
     r = rewards.to(torch.float64)
     num = int(idx.max().item()) + 1 if idx.numel() else 0
-    hi = torch.full((num,), -torch.inf, dtype=r.dtype).scatter_reduce(0, idx, r, "amax")
-    lo = torch.full((num,), torch.inf, dtype=r.dtype).scatter_reduce(0, idx, r, "amin")
+    hi = torch.full((num,), -torch.inf, dtype=r.dtype, device=r.device)
+    lo = torch.full((num,), torch.inf, dtype=r.dtype, device=r.device)
+    hi = hi.scatter_reduce(0, idx, r, "amax")  # [G]
+    lo = lo.scatter_reduce(0, idx, r, "amin")  # [G]
     _, _, size = group_stats(r, idx)
     return ((hi - lo)[idx] > tol) & (size > 1)
 
