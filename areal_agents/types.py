@@ -126,6 +126,8 @@ class Turn:
     versions: tuple[int, ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     finish_reason: str | None = None
+    usage: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
+    """Token counts the endpoint reported (``prompt_tokens``, ``completion_tokens``), if any."""
 
     def __post_init__(self) -> None:
         n = None if self.token_ids is None else len(self.token_ids)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
@@ -37,6 +37,14 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent thread dies (Linux PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 class BuiltinServerClient:
@@ -104,33 +112,41 @@ class BuiltinServerClient:
 
 
 class BuiltinServer(BuiltinServerClient):
-    """``python -m areal_agents.policies.serve`` as a child process on 127.0.0.1.
+    """``python -m areal_agents.policies.serve`` as a child process (on 127.0.0.1 by default).
 
     Args:
         model: a local HF directory, or ``"default"`` for the offline SmolLM2-135M-Instruct.
+        host: the address to bind (loopback unless a cluster needs another).
         port: 0 picks a free port.
         served_model_name: the ``model`` clients send (default: the model's directory name, or
             ``SmolLM2-135M-Instruct`` for the default model).
         extra_args: more ``serve`` flags (``["--max-batch-size", "8"]``).
+        die_with_parent: on Linux, kill the server when the thread that called :meth:`start`
+            exits (so a ``kill -9`` of a trainer leaves no orphan server); call ``start`` from
+            a thread that lives as long as the server, e.g. the main thread.
     """
 
     def __init__(
         self,
         model: str = "default",
         *,
+        host: str = "127.0.0.1",
         port: int = 0,
         served_model_name: str | None = None,
         max_model_len: int = 2048,
         device: str = "cpu",
-        extra_args: tuple[str, ...] = (),
+        extra_args: Sequence[str] = (),
         log_path: str | Path | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         from areal_agents.policies.model import DEFAULT_MODEL_NAME
 
+        self.die_with_parent = die_with_parent
         self.model = model
         self.served_model_name = served_model_name or (
             DEFAULT_MODEL_NAME if model in ("default", DEFAULT_MODEL_NAME) else Path(model).name
         )
+        self.host = host
         self.port = port or free_port()
         self.max_model_len = max_model_len
         self.device = device
@@ -138,7 +154,7 @@ class BuiltinServer(BuiltinServerClient):
         self.log_path = Path(log_path) if log_path else None
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
-        super().__init__(f"http://127.0.0.1:{self.port}/v1")
+        super().__init__(f"http://{host}:{self.port}/v1")
 
     def start(self) -> BuiltinServer:
         """Start the server process (returns at once; see :meth:`wait_ready`)."""
@@ -153,7 +169,7 @@ class BuiltinServer(BuiltinServerClient):
             "--served-model-name",
             self.served_model_name,
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--max-model-len",
@@ -170,7 +186,12 @@ class BuiltinServer(BuiltinServerClient):
             self._log = self.log_path.open("ab")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
         return self
 

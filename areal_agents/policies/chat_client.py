@@ -1,0 +1,111 @@
+"""The chat client: a :class:`~areal_agents.policies.base.Policy` over any OpenAI-compatible
+``/v1/chat/completions`` endpoint (vLLM, the built-in server, a hosted API).
+
+It sends the conversation and the environment's tool schemas and returns the assistant turn
+with the endpoint's structured tool calls. When the endpoint parsed none, ``tool_calls`` is left
+``None`` so the environment parses ``<tool_call>`` blocks from the text itself (endpoints
+without a tool parser return them as text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from areal_agents.policies.openai_client import ClientSettings, EndpointClient
+from areal_agents.types import Message, ToolCall, ToolSpec, Turn
+
+__all__ = ["ChatPolicy"]
+
+
+class ChatPolicy:
+    """Take turns through ``/v1/chat/completions``.
+
+    Args:
+        base_url: the endpoint, e.g. ``http://127.0.0.1:8000/v1``.
+        model: the served model name.
+        api_key: None reads ``AREAL_API_KEY`` / ``OPENAI_API_KEY``.
+        temperature, top_p, max_tokens: sampling settings (``max_tokens=None``: server default).
+        tool_choice: sent when tools are given (``"auto"``; None leaves it to the server).
+        extra_body: more request fields (e.g. ``{"top_k": 20}`` for vLLM).
+        timeout, max_retries, backoff_s, max_concurrency: see :class:`ClientSettings`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int | None = 512,
+        tool_choice: str | None = "auto",
+        extra_body: Mapping[str, Any] | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        max_concurrency: int = 64,
+    ) -> None:
+        self.model = model
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_tokens = max_tokens
+        self.tool_choice = tool_choice
+        self.extra_body = dict(extra_body or {})
+        self.endpoint = EndpointClient(
+            ClientSettings(
+                base_url=base_url,
+                api_key=api_key,
+                timeout=timeout,
+                max_retries=max_retries,
+                backoff_s=backoff_s,
+                max_concurrency=max_concurrency,
+            )
+        )
+
+    def request(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        """The request body (without ``extra_body``) for this conversation."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [m.to_openai() for m in conversation],
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+        }
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        if tools:
+            body["tools"] = [t.to_openai() for t in tools]
+            if self.tool_choice is not None:
+                body["tool_choice"] = self.tool_choice
+        return body
+
+    async def act(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> Turn:
+        body = self.request(conversation, tools)
+        response = await self.endpoint.call(
+            "chat completion",
+            lambda c: c.chat.completions.create(**body, extra_body=self.extra_body or None),
+        )
+        if not response.choices:
+            from areal_agents.errors import EndpointError
+
+            raise EndpointError(f"{self.endpoint.settings.base_url} returned no choices")
+        choice = response.choices[0]
+        message = choice.message
+        calls = tuple(
+            ToolCall(name=c.function.name, arguments=c.function.arguments or "{}", id=c.id)
+            for c in (message.tool_calls or ())
+            if getattr(c, "function", None) is not None
+        )
+        usage = None
+        if response.usage is not None:
+            usage = {
+                "prompt_tokens": int(response.usage.prompt_tokens),
+                "completion_tokens": int(response.usage.completion_tokens),
+            }
+        return Turn(
+            text=message.content or "",
+            tool_calls=calls or None,
+            finish_reason=choice.finish_reason,
+            usage=usage,
+        )
