@@ -384,6 +384,13 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> JS
     return JSONResponse(body, status_code=status)
 
 
+class _DiskUpdate(BaseModel):
+    """Body of ``/update_weights_from_disk`` (module level: FastAPI must resolve the name)."""
+
+    path: str
+    version: int
+
+
 def create_app(engine: Engine, served_model_name: str, api_key: str | None = None) -> FastAPI:
     """The FastAPI application serving ``engine`` under ``served_model_name``."""
     app = FastAPI(title="areal_agents built-in inference server")
@@ -449,10 +456,6 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
     async def resume() -> dict[str, Any]:
         engine.resume()
         return {"status": "resumed", "weight_version": engine.weight_version}
-
-    class _DiskUpdate(BaseModel):
-        path: str
-        version: int
 
     @app.post("/update_weights_from_disk")
     async def update_from_disk(body: _DiskUpdate) -> dict[str, Any]:
