@@ -142,19 +142,28 @@ def capture(
     to stderr.
     """
     start = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-        user=uid,
-        group=uid,
-        extra_groups=[] if uid is not None else None,
-        preexec_fn=preexec_fn,
-    )
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            user=uid,
+            group=uid,
+            extra_groups=[] if uid is not None else None,
+            preexec_fn=preexec_fn,
+        )
+    except OSError as e:  # E2BIG, ENOENT: the program's mistake, reported like a shell would
+        code = 127 if isinstance(e, FileNotFoundError) else 126
+        return ExecResult(
+            stdout="",
+            stderr=f"{argv[0]}: {e.strerror}\n",
+            exit_code=code,
+            duration_s=time.monotonic() - start,
+        )
 
     def kill() -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

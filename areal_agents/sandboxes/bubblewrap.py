@@ -122,6 +122,8 @@ class BubblewrapSandbox(LocalSandbox):
             "--bind",
             str(self.work_dir),
             "/work",
+            "--remount-ro",
+            "/",
             "--chdir",
             "/work",
             "--uid",
