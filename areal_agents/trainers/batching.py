@@ -50,8 +50,16 @@ class Batch:
         if not index:
             pad = torch.zeros(1, 2, dtype=torch.long)
             zero = torch.zeros(1, 1)
-            return Batch(pad, torch.ones_like(pad), zero, zero.clone(), zero.long() - 1,
-                         torch.zeros(1), [""], [2])  # fmt: skip
+            return Batch(
+                pad,
+                torch.ones_like(pad),
+                zero,
+                zero.clone(),
+                zero.long() - 1,
+                torch.zeros(1),
+                [""],
+                [2],
+            )
         idx = torch.tensor(list(index), dtype=torch.long)
         w = width or max(self.lengths[i] for i in index)
         w = max(w, 2)

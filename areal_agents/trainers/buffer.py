@@ -223,6 +223,9 @@ class TrajectoryBuffer:
         """Admit nothing more (the run is ending)."""
         self.closed = True
 
+    def is_closed(self) -> bool:
+        return self.closed
+
     def stats(self) -> dict[str, float]:
         """Gauges for the progress bar and the metrics file."""
         ready = list(self._ready.values())

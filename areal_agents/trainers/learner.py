@@ -139,10 +139,14 @@ class Learner:
         everyone = plan(everything, batch.lengths, spec.world_size, spec.rank, budget)
         pre = self._prepass(batch, everyone, proximal=recompute)
         adv, returns = compute_advantages(
-            algo, batch.rewards, batch.mask, batch.group_ids, pre.get("values"),
+            algo,
+            batch.rewards,
+            batch.mask,
+            batch.group_ids,
+            pre.get("values"),
             old_logprobs=batch.behavior_logprobs,
             ref_logprobs=pre.get("ref"),
-        )  # fmt: skip
+        )
         sums: dict[str, float] = defaultdict(float)
         minibatches = split_minibatches(batch.group_ids, cfg.minibatches)
         for _ in range(cfg.ppo_epochs):
@@ -194,12 +198,16 @@ class Learner:
         for mb_rows in mbs:
             mb = batch.rows(mb_rows, width)
             if wanted["proximal"]:
-                lp = token_logprobs(self._forward(self.model, mb), mb.input_ids.to(self.device),
-                                    self.spec.temperature)  # fmt: skip
+                lp = token_logprobs(
+                    self._forward(self.model, mb),
+                    mb.input_ids.to(self.device),
+                    self.spec.temperature,
+                )
                 local["proximal"].append((mb_rows, lp.float().cpu()))
             if wanted["ref"]:
-                lp = token_logprobs(self._forward(self.ref, mb), mb.input_ids.to(self.device),
-                                    self.spec.temperature)  # fmt: skip
+                lp = token_logprobs(
+                    self._forward(self.ref, mb), mb.input_ids.to(self.device), self.spec.temperature
+                )
                 local["ref"].append((mb_rows, lp.float().cpu()))
             if wanted["values"]:
                 assert self.critic is not None
@@ -242,9 +250,11 @@ class Learner:
         mask = mb.mask.to(dev)
         logits = self._forward(self.model, mb)
         logprobs, entropy = logprobs_and_entropy(
-            logits[:, :-1], mb.input_ids[:, 1:].to(dev), spec.temperature,
+            logits[:, :-1],
+            mb.input_ids[:, 1:].to(dev),
+            spec.temperature,
             entropy_grad=algo.entropy_coef > 0,
-        )  # fmt: skip
+        )
         del logits
         behavior = mb.behavior_logprobs.to(dev)
         proximal = take(pre.get("proximal"))
@@ -253,18 +263,27 @@ class Learner:
             # decoupled_ppo (one update) and reinforce: the current weights, detached.
             proximal = behavior if algo.loss == "ppo_clip" else logprobs.detach()
         loss, metrics = compute_policy_loss(
-            algo, logprobs, proximal,
-            behavior, take(adv), mask,  # type: ignore[arg-type]
+            algo,
+            logprobs,
+            proximal,
+            behavior,
+            take(adv),
+            mask,  # type: ignore[arg-type]
             ref_logprobs=take(pre.get("ref")) if not algo.kl_in_reward else None,
-            entropy=entropy, normalizer=norm,
-        )  # fmt: skip
+            entropy=entropy,
+            normalizer=norm,
+        )
         (loss * spec.world_size).backward()
         if self.critic is not None and returns is not None:
             values = self.critic(mb.input_ids.to(dev), mb.attention_mask.to(dev))[:, :-1]
             vloss, vmetrics = compute_value_loss(
-                algo, values, take(pre["values"]), take(returns), mask,  # type: ignore[arg-type]
+                algo,
+                values,
+                take(pre["values"]),
+                take(returns),
+                mask,  # type: ignore[arg-type]
                 normalizer=norm,
-            )  # fmt: skip
+            )
             (vloss * spec.world_size).backward()
             metrics.update(vmetrics)
         tokens = float(mask.sum())
@@ -344,8 +363,9 @@ class Learner:
         if self.spec.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             torch.save(state, out / "learner.pt")
-            torch.save({"scheduler": self.scheduler.state_dict(), "step": self.step},
-                       out / "schedule.pt")  # fmt: skip
+            torch.save(
+                {"scheduler": self.scheduler.state_dict(), "step": self.step}, out / "schedule.pt"
+            )
         dist.barrier()
         torch.save(capture_rng(), out / f"rng_rank{self.spec.rank}.pt")
 
@@ -355,11 +375,16 @@ class Learner:
         state: dict[str, Any] = {}
         if self.spec.rank == 0:
             state = torch.load(src / "learner.pt", map_location="cpu", weights_only=False)
-        fsdp.load_full_state(self.model, self.optimizer, state.get("model", {}),
-                             state.get("optimizer", {}))  # fmt: skip
+        fsdp.load_full_state(
+            self.model, self.optimizer, state.get("model", {}), state.get("optimizer", {})
+        )
         if self.critic is not None:
-            fsdp.load_full_state(self.critic, self.critic_optimizer, state.get("critic", {}),
-                                 state.get("critic_optimizer", {}))  # fmt: skip
+            fsdp.load_full_state(
+                self.critic,
+                self.critic_optimizer,
+                state.get("critic", {}),
+                state.get("critic_optimizer", {}),
+            )
         schedule = torch.load(src / "schedule.pt", map_location="cpu", weights_only=False)
         self.scheduler.load_state_dict(schedule["scheduler"])
         self.step = int(schedule["step"])

@@ -1,0 +1,208 @@
+"""Inference servers for training, and the weight push that follows every optimizer step.
+
+Servers come from ``policies`` (the built-in server or the vLLM launcher; both speak the same
+weight-sync methods). On a local Ray instance the driver starts them as child processes bound to
+127.0.0.1; attached to a cluster (``ray.address=...``) each server is started inside a Ray actor
+that reserves ``inference.gpus_per_server`` GPUs, so Ray places it on a GPU node.
+
+:class:`WeightSync` pushes version ``v`` to every server with a time limit: the learner writes a
+safetensors directory (``weight_sync=disk``) or hands over its state dict
+(``weight_sync=state_dict``); a server that fails or does not answer in time raises
+:class:`~areal_agents.errors.WeightSyncError`, never a silent hang. The servers interrupt the
+generations in flight, swap the weights and continue them, tagging new tokens with ``v``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from areal_agents.errors import WeightSyncError
+from areal_agents.trainers.config import InferenceConfig
+from areal_agents.trainers.runtime import remote_class
+
+__all__ = ["InferenceServer", "WeightSync", "start_servers", "stop_servers"]
+
+logger = logging.getLogger(__name__)
+
+
+class InferenceServer(Protocol):
+    """What training needs from a server (``policies.server`` / ``policies.vllm`` provide it)."""
+
+    base_url: str
+
+    def update_weights_from_disk(self, path: str, version: int, timeout: float) -> None: ...
+
+    def update_weights_from_state_dict(
+        self, state: dict[str, Any], version: int, timeout: float
+    ) -> None: ...
+
+    def weight_version(self) -> int: ...
+
+    def stop(self) -> None: ...
+
+
+def _create(
+    cfg: InferenceConfig, model_dir: str, name: str, host: str, log_path: Path | None
+) -> Any:
+    """A server handle, not started yet."""
+    kwargs: dict[str, Any] = {
+        "served_model_name": name,
+        "host": host,
+        "extra_args": list(cfg.extra_args),
+        "log_path": log_path,
+    }
+    if cfg.engine == "vllm":
+        from areal_agents.policies.vllm import VLLMServer
+
+        cls: Any = VLLMServer
+    else:
+        from areal_agents.policies.server import BuiltinServer
+
+        cls = BuiltinServer
+    if "die_with_parent" in inspect.signature(cls).parameters:
+        kwargs["die_with_parent"] = True  # no orphan server after a kill -9 of the trainer
+    return cls(model_dir, **kwargs)
+
+
+def _launch(cfg: InferenceConfig, model_dir: str, name: str, host: str) -> Any:
+    server = _create(cfg, model_dir, name, host, None)
+    server.start()
+    server.wait_ready(timeout=cfg.startup_timeout_s)
+    return server
+
+
+class _ServerHost:
+    """A server started inside a Ray actor (cluster mode): Ray decides the node and GPUs."""
+
+    def __init__(self, cfg: InferenceConfig, model_dir: str, name: str) -> None:
+        import ray
+
+        self.server = _launch(cfg, model_dir, name, ray.util.get_node_ip_address())
+
+    def base_url(self) -> str:
+        return str(self.server.base_url)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.server, method)(*args)
+
+
+class _RemoteServer:
+    """The driver-side face of a :class:`_ServerHost` actor."""
+
+    def __init__(self, handle: Any) -> None:
+        import ray
+
+        self._ray = ray
+        self.handle = handle
+        self.base_url = str(ray.get(handle.base_url.remote()))
+
+    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        ref = self.handle.call.remote(method, *args)
+        try:
+            return self._ray.get(ref, timeout=timeout)
+        except self._ray.exceptions.GetTimeoutError:
+            where = self.base_url
+            raise WeightSyncError(f"{method} on {where} timed out after {timeout}s") from None
+
+    def update_weights_from_disk(self, path: str, version: int, timeout: float) -> None:
+        self._call("update_weights_from_disk", path, version, timeout, timeout=timeout + 30)
+
+    def update_weights_from_state_dict(
+        self, state: dict[str, Any], version: int, timeout: float
+    ) -> None:
+        self._call("update_weights_from_state_dict", state, version, timeout, timeout=timeout + 30)
+
+    def weight_version(self) -> int:
+        return int(self._call("weight_version", timeout=60))
+
+    def stop(self) -> None:
+        try:
+            self._call("stop", timeout=60)
+        finally:
+            self._ray.kill(self.handle)
+
+
+def start_servers(
+    cfg: InferenceConfig,
+    model_dir: Path,
+    served_name: str,
+    *,
+    on_cluster: bool,
+    log_dir: Path | None = None,
+) -> list[Any]:
+    """Start ``cfg.num_servers`` servers on ``model_dir`` and wait until they answer."""
+    if not on_cluster:
+        servers = []
+        for i in range(cfg.num_servers):  # started from this (the main) thread: see _create
+            if log_dir is not None:
+                log_dir.mkdir(parents=True, exist_ok=True)
+            log = None if log_dir is None else log_dir / f"server-{i}.log"
+            servers.append(_create(cfg, str(model_dir), served_name, "127.0.0.1", log))
+            servers[-1].start()
+        try:
+            with concurrent.futures.ThreadPoolExecutor(cfg.num_servers) as pool:
+                list(pool.map(lambda s: s.wait_ready(timeout=cfg.startup_timeout_s), servers))
+        except BaseException:
+            stop_servers(servers)
+            raise
+        return servers
+
+    host = remote_class(_ServerHost).options(num_cpus=0, num_gpus=cfg.gpus_per_server)
+    handles = [host.remote(cfg, str(model_dir), served_name) for _ in range(cfg.num_servers)]
+    return [_RemoteServer(h) for h in handles]
+
+
+def stop_servers(servers: list[Any]) -> None:
+    for server in servers:
+        try:
+            server.stop()
+        except Exception:
+            logger.warning("stopping an inference server failed", exc_info=True)
+
+
+class WeightSync:
+    """Pushes each new version from the learners to every server, with a time limit."""
+
+    def __init__(self, cfg: InferenceConfig, servers: list[Any], weights_dir: Path) -> None:
+        self.cfg = cfg
+        self.servers = servers
+        self.weights_dir = weights_dir
+        self.last_push_s = 0.0
+
+    def push(self, learners: Any, version: int) -> float:
+        """Send version ``version`` to every server; returns the seconds it took."""
+        start = time.perf_counter()
+        timeout = self.cfg.weight_sync_timeout_s
+        if self.cfg.weight_sync == "disk":
+            target = self.weights_dir / f"v{version:06d}"
+            learners.export_weights(target)
+            calls = [(s.update_weights_from_disk, str(target)) for s in self.servers]
+        else:
+            state = learners.full_state()
+            calls = [(s.update_weights_from_state_dict, state) for s in self.servers]
+        with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+            futures = [pool.submit(fn, arg, version, timeout) for fn, arg in calls]
+            done, pending = concurrent.futures.wait(futures, timeout=timeout + 60)
+            if pending:
+                raise WeightSyncError(
+                    f"weight version {version}: {len(pending)} server(s) did not answer within "
+                    f"{timeout}s (inference.weight_sync_timeout_s)"
+                )
+            for f in done:
+                error = f.exception()
+                if error is not None:
+                    if isinstance(error, WeightSyncError):
+                        raise error
+                    raise WeightSyncError(f"weight version {version}: {error}") from error
+        if self.cfg.weight_sync == "disk":
+            for old in self.weights_dir.glob("v*"):
+                if old.name != f"v{version:06d}":
+                    shutil.rmtree(old, ignore_errors=True)
+        self.last_push_s = time.perf_counter() - start
+        return self.last_push_s

@@ -1,0 +1,78 @@
+"""The learner ranks as Ray actors: placement, rendezvous, and calls on every rank at once."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from areal_agents.trainers.config import TrainConfig
+from areal_agents.trainers.learner import Learner, LearnerSpec
+from areal_agents.trainers.runtime import remote_class
+from areal_agents.types import Trajectory
+
+__all__ = ["LearnerGroup"]
+
+
+class LearnerGroup:
+    """``trainer.learner_ranks`` FSDP2 ranks, each a Ray actor with the configured resources.
+
+    Every collective method (train, export, checkpoint) is called on all ranks together; the
+    result of rank 0 is returned.
+    """
+
+    def __init__(self, cfg: TrainConfig, model_dir: Path) -> None:
+        world = cfg.trainer.learner_ranks
+        use_gpu = cfg.ray.learner_gpus > 0
+        actor = remote_class(Learner)
+        self.actors = [
+            actor.options(
+                num_cpus=cfg.ray.actor_cpus,
+                num_gpus=cfg.ray.learner_gpus,
+                name=None,
+                max_concurrency=1,
+            ).remote(
+                LearnerSpec(
+                    model_dir=str(model_dir),
+                    algo=cfg.algo,
+                    trainer=cfg.trainer,
+                    model=cfg.model,
+                    temperature=cfg.inference.temperature,
+                    rank=rank,
+                    world_size=world,
+                    use_gpu=use_gpu,
+                )
+            )
+            for rank in range(world)
+        ]
+        address = ray.get(self.actors[0].address.remote())
+        port = ray.get(self.actors[0].free_port.remote())
+        self.info = self._all("setup", address, port)
+
+    def _all(self, method: str, *args: Any) -> Any:
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+
+    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        ref = ray.put(trajectories)
+        return dict(self._all("train_step", ref))
+
+    def export_weights(self, directory: Path) -> None:
+        self._all("export_weights", str(directory))
+
+    def full_state(self) -> dict[str, Any]:
+        return dict(self._all("full_state"))
+
+    def save_checkpoint(self, directory: Path) -> None:
+        self._all("save_checkpoint", str(directory))
+
+    def load_checkpoint(self, directory: Path) -> int:
+        return int(self._all("load_checkpoint", str(directory)))
+
+    def shutdown(self) -> None:
+        # the process group may already be gone; killing the actors follows anyway
+        with contextlib.suppress(Exception):
+            ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
+        for a in self.actors:
+            ray.kill(a)

@@ -1,0 +1,285 @@
+"""The training loop, top to bottom: generation and learning overlap; staleness stays bounded.
+
+Rollout workers (Ray actors) keep generating in the background: they take tasks from the
+buffer, which admits work only while it can still be trained within ``max_staleness`` versions.
+The driver loop below repeats::
+
+    batch   = the oldest complete groups in the buffer        (generation happened meanwhile)
+    metrics = learners.train_step(batch)                      (advantages, loss, optimizer step)
+    push weights version `step` to every inference server     (in-flight episodes continue)
+    record metrics, transcripts; checkpoint every N steps
+
+``trainer.mode=sync`` is the same loop with staleness 0: nothing is admitted while the learner
+works, so generation and learning alternate.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from tqdm import tqdm
+
+from areal_agents.envs.registry import make_env
+from areal_agents.errors import AgentsError
+from areal_agents.trainers.buffer import Group, TrajectoryBuffer
+from areal_agents.trainers.checkpoint import (
+    CheckpointManager,
+    load_rng,
+    read_json,
+    save_rng,
+    write_json,
+)
+from areal_agents.trainers.config import TrainConfig
+from areal_agents.trainers.inference import WeightSync, start_servers, stop_servers
+from areal_agents.trainers.learner_group import LearnerGroup
+from areal_agents.trainers.metrics import MetricsLogger, write_summary
+from areal_agents.trainers.modeling import resolve_model_dir
+from areal_agents.trainers.runtime import (
+    RolloutWorkerActor,
+    choose_run_dir,
+    remote_class,
+    save_config,
+    start_ray,
+)
+
+__all__ = ["train"]
+
+logger = logging.getLogger(__name__)
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Run (or resume) the training described by ``cfg``; returns the run summary."""
+    run_dir, resume_from = choose_run_dir(cfg)
+    check_env(cfg)
+    model_dir = resolve_model_dir(cfg.model.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir)
+    ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
+    ckpt.clean_partial()
+    print(f"run directory: {run_dir}" + (f" (resuming {resume_from.name})" if resume_from else ""))
+
+    started_ray = start_ray(cfg.ray)
+    servers: list[Any] = []
+    learners: LearnerGroup | None = None
+    workers: list[Any] = []
+    runs: list[Any] = []
+    try:
+        # ---- set-up: servers, buffer, learners; restore the checkpoint -------------------
+        servers = start_servers(
+            cfg.inference,
+            model_dir,
+            "policy",
+            on_cluster=bool(cfg.ray.address),
+            log_dir=run_dir / "logs",
+        )
+        buffer = (
+            remote_class(TrajectoryBuffer)
+            .options(num_cpus=0)
+            .remote(
+                cfg.trainer.groups_per_step,
+                cfg.trainer.staleness,
+                data_seed=cfg.trainer.seed,
+                dynamic_filter=cfg.trainer.dynamic_filter or cfg.algo.dynamic_sampling,
+            )
+        )
+        learners = LearnerGroup(cfg, model_dir)
+        sync = WeightSync(cfg.inference, servers, run_dir / "weights")
+        step, elapsed_before = 0, 0.0
+        if resume_from is not None:
+            step = learners.load_checkpoint(resume_from / "learner")
+            ray.get(buffer.load_state_dict.remote(read_json(resume_from / "buffer.json")))
+            load_rng(resume_from / "rng.pkl")
+            elapsed_before = float(read_json(resume_from / "trainer.json")["elapsed_s"])
+            sync.push(learners, step)  # the servers start from the base weights
+            ray.get(buffer.set_version.remote(step))
+        log = MetricsLogger(run_dir, cfg.log, resume_step=step)
+
+        # ---- rollout workers generate in the background from here on ---------------------
+        workers = start_workers(cfg, servers, model_dir, buffer)
+        runs = [w.run.remote() for w in workers]
+
+        start = time.perf_counter() - elapsed_before
+        bar = tqdm(
+            total=cfg.trainer.total_steps,
+            initial=step,
+            disable=not cfg.log.progress,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+        )
+        last_ckpt = step
+        while step < cfg.trainer.total_steps:
+            t0 = time.perf_counter()
+            groups = wait_for_batch(buffer, runs)
+            t1 = time.perf_counter()
+            trajectories = [t for g in groups for t in g.trajectories]
+            learn = learners.train_step(trajectories)
+            t2 = time.perf_counter()
+            step += 1
+            sync_s = sync.push(learners, step)
+            ray.get(buffer.set_version.remote(step))
+
+            stats = ray.get(buffer.stats.remote())
+            times = {
+                "wait_s": t1 - t0,
+                "train_s": t2 - t1,
+                "sync_s": sync_s,
+                "step_s": time.perf_counter() - t0,
+                "elapsed_s": time.perf_counter() - start,
+            }
+            metrics = step_metrics(step, groups, learn, stats, times)
+            log.log(step, metrics)
+            log.transcripts(step, sample_transcripts(groups, cfg.log.transcripts_per_step))
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{metrics['reward/mean']:.3f}",
+                tok_s=f"{metrics['throughput/tokens_per_s']:.1f}",
+                stale=int(metrics["staleness/max"]),
+            )
+
+            every = cfg.trainer.checkpoint_every
+            if (every and step % every == 0) or step == cfg.trainer.total_steps:
+                save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
+                last_ckpt = step
+        bar.close()
+        log.close()
+        del last_ckpt
+        summary = write_summary(run_dir, {"run_dir": str(run_dir), "finished": True})
+        print_summary(summary)
+        return summary
+    finally:
+        shutdown(workers, runs, learners, servers, started_ray)
+
+
+# ---- helpers the loop names ----------------------------------------------------------------
+
+
+def check_env(cfg: TrainConfig) -> None:
+    """Build the environment once so that a bad name or argument fails before anything starts."""
+    env = make_env(cfg.env.name, **cfg.env.make_kwargs())
+    env.close()
+
+
+def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer: Any) -> list[Any]:
+    urls = [str(s.base_url) for s in servers]
+    actor = remote_class(RolloutWorkerActor).options(
+        num_cpus=cfg.ray.actor_cpus, max_concurrency=16
+    )
+    return [
+        actor.remote(
+            cfg.env,
+            cfg.inference,
+            urls,
+            str(model_dir),
+            "policy",
+            buffer,
+            i,
+            cfg.trainer.max_concurrent_groups,
+        )
+        for i in range(cfg.trainer.rollout_workers)
+    ]
+
+
+def wait_for_batch(buffer: Any, runs: list[Any], poll_s: float = 0.1) -> list[Group]:
+    """The next batch; fails fast if a rollout worker died instead of waiting forever."""
+    while True:
+        batch = ray.get(buffer.pop_batch.remote())
+        if batch is not None:
+            return list(batch)
+        finished, _ = ray.wait(runs, timeout=0, num_returns=len(runs))
+        for ref in finished:
+            ray.get(ref)  # re-raises the worker's exception
+            raise AgentsError("a rollout worker stopped while the trainer still needs data")
+        time.sleep(poll_s)
+
+
+def step_metrics(
+    step: int,
+    groups: list[Group],
+    learn: dict[str, float],
+    buffer_stats: dict[str, float],
+    times: dict[str, float],
+) -> dict[str, Any]:
+    """One line of ``metrics.jsonl``."""
+    trajs = [t for g in groups for t in g.trajectories]
+    rewards = [t.reward for t in trajs]
+    policy_tokens = sum(t.num_policy_tokens for t in trajs)
+    trained_version = step - 1  # the weights this batch was trained on
+    staleness = [trained_version - t.min_version for t in trajs if t.min_version >= 0]
+    return {
+        "version": step,
+        "reward/mean": statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "reward/max": max(rewards),
+        "episodes": len(trajs),
+        "episode/turns_mean": statistics.fmean(t.num_turns for t in trajs),
+        "episode/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
+        "tokens/policy": policy_tokens,
+        "tokens/total": sum(len(t.token_ids) for t in trajs),
+        "staleness/max": max(staleness, default=0),
+        "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
+        "throughput/tokens_per_s": policy_tokens / max(times["step_s"], 1e-9),
+        **{f"time/{k}": v for k, v in times.items()},
+        **learn,
+        **buffer_stats,
+        "batch/task_indices": [g.task.index for g in groups],
+        "batch/traj_ids": [str(t.metadata.get("traj_id", "")) for t in trajs],
+    }
+
+
+def sample_transcripts(groups: list[Group], n: int) -> list[dict[str, Any]]:
+    return [row for g in groups for row in g.transcripts][:n]
+
+
+def save_checkpoint(
+    ckpt: CheckpointManager, step: int, learners: LearnerGroup, buffer: Any, elapsed_s: float
+) -> Path:
+    """Model, optimizer, scheduler, buffer (cursor, in-flight, ready groups), RNG: atomically."""
+    tmp = ckpt.begin(step)
+    learners.save_checkpoint(tmp / "learner")
+    write_json(tmp / "buffer.json", ray.get(buffer.state_dict.remote()))
+    save_rng(tmp / "rng.pkl")
+    write_json(tmp / "trainer.json", {"step": step, "version": step, "elapsed_s": elapsed_s})
+    return ckpt.commit(tmp, step)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    keys = (
+        "steps",
+        "final_version",
+        "reward_first",
+        "reward_last",
+        "episodes",
+        "dropped_episodes",
+        "tokens_per_s_mean",
+        "wall_s",
+        "run_dir",
+    )
+    print("summary: " + ", ".join(f"{k}={summary.get(k)}" for k in keys))
+
+
+def shutdown(
+    workers: list[Any],
+    runs: list[Any],
+    learners: LearnerGroup | None,
+    servers: list[Any],
+    started_ray: bool,
+) -> None:
+    """Stop everything this run started, in reverse order; best effort."""
+    try:  # workers close their environments (and sandboxes) when their run() returns
+        ray.get([w.stop.remote() for w in workers], timeout=10)
+        ray.wait(runs, num_returns=len(runs), timeout=60)
+    except Exception:
+        logger.debug("stopping the rollout workers failed", exc_info=True)
+    for w in workers:
+        ray.kill(w)
+    if learners is not None:
+        learners.shutdown()
+    stop_servers(servers)
+    if started_ray:
+        ray.shutdown()

@@ -1,0 +1,177 @@
+"""Process plumbing for the training loop: Ray start-up, the run directory, Ray-side actors.
+
+Kept out of ``loop.py`` so that the loop reads as the algorithm: wait for a batch, train, push
+weights, record, checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from areal_agents.config import dump_yaml, to_dict
+from areal_agents.errors import ConfigError
+from areal_agents.trainers.checkpoint import CheckpointManager, read_json
+from areal_agents.trainers.config import EnvConfig, InferenceConfig, RayConfig, TrainConfig
+from areal_agents.trainers.rollout_worker import RayBuffer, RolloutWorker, WorkerStats
+
+__all__ = ["RolloutWorkerActor", "choose_run_dir", "remote_class", "start_ray"]
+
+logger = logging.getLogger(__name__)
+
+#: Keys that must match for a run directory to be resumed with a new command line.
+_RESUME_KEYS = (
+    ("env", "name"),
+    ("env", "group_size"),
+    ("algo", "name"),
+    ("model", "name"),
+    ("trainer", "groups_per_step"),
+    ("trainer", "seed"),
+    ("trainer", "mode"),
+)
+
+
+def remote_class(cls: type) -> Any:
+    """``ray.remote(cls)``, typed loosely (Ray's stubs do not know actor method handles)."""
+    import ray
+
+    return ray.remote(cls)
+
+
+def worker_env() -> dict[str, str]:
+    """Environment variables every Ray process gets (offline, quiet, same cache)."""
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for key in ("AREAL_CACHE_DIR", "AREAL_SANDBOX_IMAGE", "AREAL_VLLM_PYTHON", "PYTHONPATH"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def start_ray(cfg: RayConfig) -> bool:
+    """Start (or attach to) Ray; returns True when this call started it."""
+    import ray
+
+    os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": worker_env()}
+    if cfg.address:
+        ray.init(address=cfg.address, runtime_env=runtime_env, logging_level=logging.WARNING)
+        return True
+    ray.init(
+        num_cpus=cfg.num_cpus or os.cpu_count() or 1,
+        num_gpus=None,
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        object_store_memory=cfg.object_store_mb * 2**20,
+        runtime_env=runtime_env,
+        logging_level=logging.WARNING,
+        log_to_driver=True,
+    )
+    return True
+
+
+def _finished(run_dir: Path, total_steps: int) -> bool:
+    summary = run_dir / "summary.json"
+    return summary.is_file() and int(read_json(summary).get("steps", 0)) >= total_steps
+
+
+def choose_run_dir(cfg: TrainConfig) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to resume from (None: start fresh).
+
+    With the default ``output_dir``, a directory whose run has finished is left alone and the
+    next free ``-2``, ``-3``... is used; an unfinished run is resumed, so re-running a killed
+    command continues it. An explicit ``output_dir`` is always used (and resumed if it can be).
+    """
+    base = cfg.run_dir()
+    total = cfg.trainer.total_steps
+    run_dir = base
+    if not cfg.output_dir:
+        for i in range(1, 10_000):
+            run_dir = base if i == 1 else base.with_name(f"{base.name}-{i}")
+            if not _finished(run_dir, total):
+                break
+    ckpt = CheckpointManager(run_dir / "checkpoints").latest() if run_dir.exists() else None
+    if ckpt is None:
+        return run_dir, None
+    if cfg.trainer.resume == "never":
+        raise ConfigError(
+            f"{run_dir} already holds a run (checkpoint {ckpt.name}); with trainer.resume=never "
+            "choose a new output_dir=PATH or delete that directory"
+        )
+    saved_path = run_dir / "config.yaml"
+    if saved_path.is_file():
+        import yaml
+
+        saved = yaml.safe_load(saved_path.read_text()) or {}
+        now = to_dict(cfg)
+        for section, key in _RESUME_KEYS:
+            old, new = saved.get(section, {}).get(key), now[section][key]
+            if old != new:
+                raise ConfigError(
+                    f"{run_dir} holds a run with {section}.{key}={old!r}, this command has "
+                    f"{new!r}: a run cannot resume with a different {section}.{key}; use "
+                    f"output_dir=PATH for a new run (or {section}.{key}={old!r} to resume)"
+                )
+    return run_dir, ckpt
+
+
+def save_config(cfg: TrainConfig, run_dir: Path) -> None:
+    dump_yaml(cfg, run_dir / "config.yaml")
+
+
+class RolloutWorkerActor:
+    """A :class:`RolloutWorker` inside a Ray actor, talking to the buffer actor and servers."""
+
+    def __init__(
+        self,
+        env: EnvConfig,
+        inference: InferenceConfig,
+        base_urls: list[str],
+        model_dir: str,
+        served_name: str,
+        buffer: Any,
+        worker_id: int,
+        max_concurrent_groups: int,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        from areal_agents.policies.token_client import TokenPolicy
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        policies = [
+            TokenPolicy(
+                url,
+                served_name,
+                tokenizer,
+                max_tokens=inference.max_tokens,
+                temperature=inference.temperature,
+                top_p=inference.top_p,
+                timeout=inference.request_timeout_s,
+            )
+            for url in base_urls
+        ]
+        self.worker = RolloutWorker(
+            env,
+            policies,
+            RayBuffer(buffer),
+            max_concurrent_groups=max_concurrent_groups,
+            worker_id=worker_id,
+        )
+
+    async def run(self) -> WorkerStats:
+        return await self.worker.run()
+
+    async def stop(self) -> None:
+        self.worker.stop()
+
+    async def stats(self) -> WorkerStats:
+        return self.worker.stats
