@@ -2,6 +2,8 @@
 
 from areal_agents.envs.base import ERROR_KINDS, MultiTurnEnv, Score, Task
 from areal_agents.envs.calculator import CalculatorEnv
+from areal_agents.envs.code_sandbox import CodeSandboxEnv
+from areal_agents.envs.math_python import MathPythonEnv
 from areal_agents.envs.registry import (
     ALIASES,
     BUILTIN_ENVS,
@@ -9,6 +11,7 @@ from areal_agents.envs.registry import (
     register_builtin_envs,
     resolve_env_id,
 )
+from areal_agents.envs.search import SearchEnv
 from areal_agents.envs.spaces import MessagesSpace, TurnSpace
 
 __all__ = [
@@ -16,9 +19,12 @@ __all__ = [
     "BUILTIN_ENVS",
     "ERROR_KINDS",
     "CalculatorEnv",
+    "CodeSandboxEnv",
+    "MathPythonEnv",
     "MessagesSpace",
     "MultiTurnEnv",
     "Score",
+    "SearchEnv",
     "Task",
     "TurnSpace",
     "make_env",

@@ -25,11 +25,17 @@ __all__ = ["ALIASES", "BUILTIN_ENVS", "make_env", "register_builtin_envs", "reso
 #: id -> entry point of every built-in environment.
 BUILTIN_ENVS: dict[str, str] = {
     "areal_agents/Calculator-v0": "areal_agents.envs.calculator:CalculatorEnv",
+    "areal_agents/CodeSandbox-v0": "areal_agents.envs.code_sandbox:CodeSandboxEnv",
+    "areal_agents/MathPython-v0": "areal_agents.envs.math_python:MathPythonEnv",
+    "areal_agents/Search-v0": "areal_agents.envs.search:SearchEnv",
 }
 
 #: short name -> id, as used on the command line (``env=calculator``).
 ALIASES: dict[str, str] = {
     "calculator": "areal_agents/Calculator-v0",
+    "code_sandbox": "areal_agents/CodeSandbox-v0",
+    "math_python": "areal_agents/MathPython-v0",
+    "search": "areal_agents/Search-v0",
 }
 
 

@@ -17,6 +17,8 @@ by waiting on a helper thread instead (:func:`~areal_agents.rewards.base.call_wi
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 from areal_agents.errors import DependencyError
@@ -28,11 +30,21 @@ __all__ = ["MathEquivalence", "math_equal"]
 _MAX_ANSWER_CHARS = 1000
 
 
+class _DropTimeoutNotice(logging.Filter):
+    """math-verify warns on every call made without its signal timeout; we bound time ourselves."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+@functools.cache
 def _math_verify() -> Any:
     try:
         import math_verify
     except ImportError as e:  # pragma: no cover - depends on the installation
         raise DependencyError.missing("math-verify", "train") from e
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_DropTimeoutNotice())
     return math_verify
 
 
