@@ -155,14 +155,19 @@ class PoolKey:
 class DockerPool:
     """Pre-started containers of one image and one set of limits.
 
-    ``acquire`` hands out a ready container (or starts one when none is ready); ``release`` takes
-    it back, and a background worker resets and re-shelves it, or replaces it.
+    ``acquire`` hands out a ready container (or starts one when none is ready) and tops the ready
+    list up to ``size`` in the background; ``release`` takes it back, and a background worker
+    resets and re-shelves it (up to ``max_idle`` ready ones), or removes it.
     """
 
-    def __init__(self, key: PoolKey, size: int = 2, *, max_uses: int = 64) -> None:
+    def __init__(
+        self, key: PoolKey, size: int = 2, *, max_uses: int = 64, max_idle: int | None = None
+    ) -> None:
         self.key = key
         self.size = max(0, size)
         self.max_uses = max_uses
+        # Reset containers are cheaper than new ones: keep more of them than the refill target.
+        self.max_idle = max_idle if max_idle is not None else 2 * self.size + 4
         self.client = docker_client()
         self._ready: deque[Any] = deque()
         self._uses: dict[str, int] = {}
@@ -268,7 +273,7 @@ class DockerPool:
         if keep:
             keep = reset_container(self.client, container.id)
         with self._cond:
-            if keep and len(self._ready) < self.size and not self._closed:
+            if keep and len(self._ready) < self.max_idle and not self._closed:
                 self._ready.append(container)
                 self._cond.notify_all()
                 return

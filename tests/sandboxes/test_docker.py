@@ -1,0 +1,149 @@
+"""The docker backend's own promises: limits in force, warm pool, labels, clean-up after SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from areal_agents.errors import SandboxError
+from areal_agents.sandboxes import make_sandbox
+from areal_agents.sandboxes.docker import DockerSandbox
+from areal_agents.sandboxes.docker_pool import LABEL, docker_client, reap_orphans
+
+pytestmark = pytest.mark.docker
+
+LIMITS = {"memory_mb": 128, "pids": 32, "disk_mb": 16, "max_output_bytes": 16 * 1024}
+
+
+def test_container_runs_with_the_documented_limits():
+    with make_sandbox("docker", cpus=0.5, **LIMITS) as sb:
+        assert isinstance(sb, DockerSandbox)
+        attrs = docker_client().api.inspect_container(sb.container_id)
+        assert sb.run("id -u").stdout == "65534\n"
+    host = attrs["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"]
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["Memory"] == host["MemorySwap"] == 128 * 2**20
+    assert host["PidsLimit"] == 32
+    assert host["NanoCpus"] == 5 * 10**8
+    labels = attrs["Config"]["Labels"]
+    assert labels[LABEL] == "1" and labels[f"{LABEL}.pid"] == str(os.getpid())
+
+
+def test_warm_pool_hands_out_reset_containers_again():
+    limits = {**LIMITS, "open_files": 200}  # limits of its own: a fresh pool for this test
+    with make_sandbox("docker", pool_size=1, **limits) as sb:
+        first = sb.container_id
+        sb.write_file("episode1.txt", "x")
+        sb.run("sleep 100 &")
+        pool = sb._pool
+    deadline = time.monotonic() + 30
+    while first not in [c.id for c in pool._ready] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the background reset puts it back on the shelf
+    ready = [c.id for c in pool._ready]
+    assert first in ready
+    while ready[0] != first:  # take the others off the shelf first
+        pool.release(pool.acquire())
+        ready = [c.id for c in pool._ready]
+    with make_sandbox("docker", pool_size=1, **limits) as sb:
+        assert sb.container_id == first
+        assert sb.run("ls -A /work").stdout == ""  # the previous episode's file is gone
+
+
+def test_files_round_trip_binary_and_large():
+    data = bytes(range(256)) * 4096  # 1 MiB
+    with make_sandbox("docker", **LIMITS) as sb:
+        sb.write_file("dir/blob.bin", data)
+        assert sb.read_file("/work/dir/blob.bin") == data
+        assert sb.run("wc -c < dir/blob.bin").stdout.strip() == str(len(data))
+        assert sb.run("tr a-z A-Z", stdin="shout").stdout == "SHOUT"
+
+
+def test_reset_kills_processes_and_empties_the_work_dir():
+    with make_sandbox("docker", **LIMITS) as sb:
+        sb.write_file("a.txt", "1")
+        sb.reset()
+        assert sb.run("ls -A /work /tmp").stdout.split() == ["/tmp:", "/work:"]
+
+
+def test_a_container_removed_from_outside_is_an_infrastructure_error():
+    sb = make_sandbox("docker", **LIMITS)
+    docker_client().api.remove_container(sb.container_id, force=True)
+    with pytest.raises(SandboxError):
+        sb.run("true")
+    sb.close()
+
+
+async def test_concurrent_episodes_share_one_event_loop():
+    sandboxes = [make_sandbox("docker", **LIMITS) for _ in range(3)]
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    results = await asyncio.gather(
+        *(
+            sb.arun_python(f"import time; time.sleep(0.5); print({i})")
+            for i, sb in enumerate(sandboxes)
+        )
+    )
+    task.cancel()
+    for sb in sandboxes:
+        await sb.aclose()
+    assert [r.stdout for r in results] == ["0\n", "1\n", "2\n"]
+    assert ticks >= 10
+
+
+_CHILD = """
+import sys, time
+from areal_agents.sandboxes import make_sandbox
+sb = make_sandbox("docker", pool_size=1, memory_mb=128)
+print(sb.container_id, flush=True)
+time.sleep(600)
+"""
+
+
+def _labelled_by(pid: int) -> list[str]:
+    client = docker_client()
+    found = client.containers.list(all=True, filters={"label": f"{LABEL}.pid={pid}"})
+    return [c.id for c in found]
+
+
+def test_containers_of_a_sigkilled_process_are_reaped_on_next_start():
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        cid = child.stdout.readline().strip()
+        assert cid, "child did not start a sandbox"
+        time.sleep(1.0)  # its pool refill has started too
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert cid in _labelled_by(child.pid)  # SIGKILL left them behind
+    deadline = time.monotonic() + 30
+    while _labelled_by(child.pid) and time.monotonic() < deadline:
+        reap_orphans()
+        time.sleep(0.2)
+    assert _labelled_by(child.pid) == []
+
+
+def test_sigterm_removes_the_process_containers():
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip()
+    time.sleep(1.0)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == -signal.SIGTERM
+    assert _labelled_by(child.pid) == []
