@@ -1,0 +1,97 @@
+"""Shared plumbing of the benchmarks: what machine they ran on, and where results go.
+
+Every benchmark prints its figures and writes the same figures as JSON (``--json PATH``), with
+a ``machine`` section that records the CPU count, the load average before and after, and the
+busiest other processes at start: on a shared machine those explain noisy timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REPO", "RESULTS", "git_commit", "machine_info", "other_load", "write_json"]
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def git_commit() -> str:
+    """The commit the benchmark ran on (``+dirty`` when the tree has changes)."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+def other_load(limit: int = 6) -> list[str]:
+    """The busiest processes not started by this one (``%cpu command``), from ``ps``."""
+    try:
+        out = subprocess.run(
+            ["ps", "-eo", "pid,ppid,pcpu,args", "--sort=-pcpu"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.splitlines()[1:]
+    except (OSError, subprocess.SubprocessError):
+        return []
+    me = os.getpid()
+    rows = []
+    for line in out:
+        parts = line.split(None, 3)
+        if len(parts) < 4 or int(parts[0]) == me or int(parts[1]) == me:
+            continue
+        if float(parts[2]) < 5.0:
+            break
+        rows.append(f"{parts[2]}% {parts[3][:110]}")
+        if len(rows) >= limit:
+            break
+    return rows
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU count, torch threads, load average and other busy processes, right now."""
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "others": other_load(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "commit": git_commit(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    return info
+
+
+def write_json(path: str | Path | None, data: dict[str, Any]) -> None:
+    """Write ``data`` (with the load average at the end added) as indented JSON."""
+    if not path:
+        return
+    data = {**data, "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    print(f"wrote {target}", file=sys.stderr)
