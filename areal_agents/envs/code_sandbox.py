@@ -167,7 +167,8 @@ class CodeSandboxEnv(MultiTurnEnv):
         if code is None:
             result = RewardResult(0.0, "no_answer", {"error": "no Python code block found"})
         else:
-            result = self.reward.check(code, tests, sandbox=self.sandbox.get())
+            used = self.sandbox.is_open  # the model ran code: clean up before the tests
+            result = self.reward.check(code, tests, sandbox=self.sandbox.get(), reset=used)
         return Score(result.reward, result.to_details())
 
     def _submitted_code(self, submission: str, entry_point: str | None) -> str | None:

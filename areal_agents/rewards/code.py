@@ -252,12 +252,21 @@ class UnitTestReward(Reward):
             return RewardResult(0.0, "no_answer", {"error": "no Python code block found"})
         return self.check(code, tests)
 
-    def check(self, code: str, tests: UnitTests, sandbox: Sandbox | None = None) -> RewardResult:
-        """Score already-extracted ``code`` (in ``sandbox``, reset first, when given)."""
+    def check(
+        self,
+        code: str,
+        tests: UnitTests,
+        sandbox: Sandbox | None = None,
+        *,
+        reset: bool = True,
+    ) -> RewardResult:
+        """Score already-extracted ``code`` in ``sandbox`` (or the reward's own, or a fresh
+        one). A given sandbox is reset first unless ``reset=False`` (when it is known clean)."""
         program = assemble_program(code, tests)
         box = sandbox or self.sandbox
         if box is not None:
-            box.reset()
+            if reset:
+                box.reset()
             report = run_unit_tests(
                 box,
                 program,
