@@ -5,10 +5,19 @@
     with make_sandbox() as sb:          # docker if a daemon answers, else bubblewrap, else process
         sb.write_file("sol.py", code)
         result = sb.run("python3 sol.py", timeout=5)
+
+In a coroutine: ``sb = await amake_sandbox()``, then ``await sb.arun_python(code)`` and
+``await sb.aclose()`` (blocking calls run in worker threads).
 """
 
 from areal_agents.sandboxes.base import BaseSandbox, ExecResult, Sandbox, SandboxLimits
-from areal_agents.sandboxes.factory import BACKENDS, backend_problems, make_sandbox, pick_backend
+from areal_agents.sandboxes.factory import (
+    BACKENDS,
+    amake_sandbox,
+    backend_problems,
+    make_sandbox,
+    pick_backend,
+)
 
 __all__ = [
     "BACKENDS",
@@ -16,6 +25,7 @@ __all__ = [
     "ExecResult",
     "Sandbox",
     "SandboxLimits",
+    "amake_sandbox",
     "backend_problems",
     "make_sandbox",
     "pick_backend",

@@ -133,11 +133,13 @@ def capture(
     preexec_fn: Callable[[], None] | None = None,
     kill_all: Callable[[], None] | None = None,
     watch: Callable[[], str | None] | None = None,
+    kill_all_on_exit: bool = True,
 ) -> ExecResult:
     """Run ``argv`` in a new session, kill it at ``timeout``, keep ``max_output`` bytes per stream.
 
     ``kill_all`` ends every process the call may have left behind (the default kills the process
-    group); it runs on timeout and again once the main process has exited. ``watch`` is polled
+    group); it runs on timeout and, unless ``kill_all_on_exit`` is false, once the main process
+    has exited. ``watch`` is polled
     about every 0.1 s while the program runs; a message from it kills the call and is appended
     to stderr.
     """
@@ -165,10 +167,10 @@ def capture(
             duration_s=time.monotonic() - start,
         )
 
-    def kill() -> None:
+    def kill(on_exit: bool = False) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        if kill_all is not None:
+        if kill_all is not None and (kill_all_on_exit or not on_exit):
             kill_all()
 
     pipes = _Pipes(proc, stdin, max_output)
@@ -187,7 +189,7 @@ def capture(
                     kill()
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
-                kill()  # background children must not outlive the call
+                kill(on_exit=True)  # background children must not outlive the call
             if not pipes.open and exited_at is not None:
                 break
             if exited_at is None and now >= deadline:
@@ -251,6 +253,8 @@ class LocalSandbox(BaseSandbox):
     """A host work directory plus a way to wrap commands; subclasses define the wrapping."""
 
     work_path = "."
+    pid_namespace = False
+    """True when the end of a call's main process ends all of its processes (bubblewrap)."""
 
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits()
@@ -395,6 +399,7 @@ class LocalSandbox(BaseSandbox):
                 preexec_fn=rlimit_setter(self.limits, timeout),
                 kill_all=self._kill_all,
                 watch=self._watch_disk,
+                kill_all_on_exit=not self.pid_namespace,
             )
         if _looks_oom(res):
             res = dataclasses.replace(res, oom_killed=True)

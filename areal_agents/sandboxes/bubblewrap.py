@@ -73,6 +73,7 @@ class BubblewrapSandbox(LocalSandbox):
 
     backend = "bubblewrap"
     work_path = "/work"
+    pid_namespace = True  # bwrap's init exits with the program, and the kernel ends the rest
 
     def __init__(self, limits: SandboxLimits | None = None, python: str | None = None) -> None:
         super().__init__(limits)

@@ -66,7 +66,9 @@ def docker_client() -> Any:
             try:
                 import docker
             except ImportError:
-                raise DependencyError.missing("docker", "docker") from None
+                raise DependencyError(
+                    "the docker SDK is not installed: pip install docker"
+                ) from None
             _client = docker.from_env(timeout=120, max_pool_size=64)
         return _client
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import shutil
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from areal_agents.errors import ConfigError, SandboxUnavailableError, did_you_mean
 from areal_agents.sandboxes.base import BaseSandbox, SandboxLimits
 
-__all__ = ["BACKENDS", "backend_problems", "make_sandbox", "pick_backend"]
+__all__ = ["BACKENDS", "amake_sandbox", "backend_problems", "make_sandbox", "pick_backend"]
 
 BACKENDS = ("auto", "docker", "bubblewrap", "process")
 
@@ -96,3 +97,16 @@ def make_sandbox(
     from areal_agents.sandboxes.process import ProcessSandbox
 
     return ProcessSandbox(lim)
+
+
+async def amake_sandbox(
+    backend: str = "auto",
+    *,
+    image: str | None = None,
+    pool_size: int | None = None,
+    **limits: Any,
+) -> BaseSandbox:
+    """:func:`make_sandbox` in a worker thread, for coroutines (a cold container start blocks)."""
+    return await asyncio.to_thread(
+        make_sandbox, backend, image=image, pool_size=pool_size, **limits
+    )

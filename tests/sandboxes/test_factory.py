@@ -106,7 +106,7 @@ def test_closed_sandbox_refuses_work_and_close_is_idempotent():
 
 
 async def test_async_variants_do_not_block_the_event_loop():
-    sb = make_sandbox("process")
+    sb = await amake_sandbox("process")
     ticks = 0
 
     async def ticker() -> None:
