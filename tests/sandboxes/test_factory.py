@@ -13,6 +13,7 @@ from areal_agents.sandboxes import (
     ExecResult,
     Sandbox,
     SandboxLimits,
+    amake_sandbox,
     factory,
     make_sandbox,
     process,
