@@ -129,8 +129,9 @@ class TrainerConfig:
     """FSDP2 data-parallel learner processes, placed by Ray (gloo on CPU, NCCL on GPU)."""
     rollout_workers: int = 1
     """Ray actors running episodes."""
-    max_concurrent_groups: int = 4
-    """Groups a rollout worker runs at the same time (each runs ``group_size`` episodes)."""
+    max_concurrent_groups: int | None = None
+    """Groups a rollout worker runs at the same time (each runs ``group_size`` episodes);
+    None: ``groups_per_step`` (one batch generating while the learner trains the last)."""
     dynamic_filter: bool = False
     """Drop groups whose rewards are all equal (no learning signal) and sample more."""
     checkpoint_every: int = 1
@@ -155,7 +156,7 @@ class TrainerConfig:
             if getattr(self, key) < 1:
                 raise ConfigError(f"trainer.{key}={getattr(self, key)}: must be at least 1")
         for key in ("learner_ranks", "rollout_workers", "max_concurrent_groups"):
-            if getattr(self, key) < 1:
+            if (getattr(self, key) or 1) < 1:
                 raise ConfigError(f"trainer.{key}={getattr(self, key)}: must be at least 1")
         if self.lr <= 0:
             raise ConfigError(f"trainer.lr={self.lr}: must be positive (e.g. trainer.lr=1e-6)")
@@ -170,6 +171,11 @@ class TrainerConfig:
             )
         if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
             raise ConfigError("trainer.checkpoint_every >= 0 and trainer.keep_checkpoints >= 1")
+
+    @property
+    def concurrent_groups(self) -> int:
+        """Groups in flight per rollout worker."""
+        return self.max_concurrent_groups or self.groups_per_step
 
     @property
     def staleness(self) -> int:

@@ -242,10 +242,11 @@ class Learner:
         w = mb.mask.shape[1]
         dev = self.device
 
-        def take(t: Tensor | None) -> Tensor | None:
-            if t is None:
-                return None
+        def take(t: Tensor) -> Tensor:
             return (t[rows, :w] if rows else torch.zeros_like(mb.mask)).to(dev)
+
+        def maybe(t: Tensor | None) -> Tensor | None:
+            return None if t is None else take(t)
 
         mask = mb.mask.to(dev)
         logits = self._forward(self.model, mb)
@@ -257,7 +258,7 @@ class Learner:
         )
         del logits
         behavior = mb.behavior_logprobs.to(dev)
-        proximal = take(pre.get("proximal"))
+        proximal = maybe(pre.get("proximal"))
         if proximal is None:
             # ppo_clip: textbook PPO, the ratio is taken against the sampling policy;
             # decoupled_ppo (one update) and reinforce: the current weights, detached.
@@ -268,8 +269,8 @@ class Learner:
             proximal,
             behavior,
             take(adv),
-            mask,  # type: ignore[arg-type]
-            ref_logprobs=take(pre.get("ref")) if not algo.kl_in_reward else None,
+            mask,
+            ref_logprobs=maybe(pre.get("ref")) if not algo.kl_in_reward else None,
             entropy=entropy,
             normalizer=norm,
         )
@@ -281,7 +282,7 @@ class Learner:
                 values,
                 take(pre["values"]),
                 take(returns),
-                mask,  # type: ignore[arg-type]
+                mask,
                 normalizer=norm,
             )
             (vloss * spec.world_size).backward()

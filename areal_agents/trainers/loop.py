@@ -115,7 +115,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         last_ckpt = step
         while step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
-            groups = wait_for_batch(buffer, runs)
+            groups = wait_for_batch(buffer, runs, bar)
             t1 = time.perf_counter()
             trajectories = [t for g in groups for t in g.trajectories]
             learn = learners.train_step(trajectories)
@@ -149,7 +149,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         bar.close()
         log.close()
         del last_ckpt
-        summary = write_summary(run_dir, {"run_dir": str(run_dir), "finished": True})
+        extra = {
+            "run_dir": str(run_dir),
+            "finished": True,
+            "env": cfg.env.name,
+            "model": cfg.model.name,
+        }
+        summary = write_summary(run_dir, extra)
+        write_transcript_viewer(run_dir, summary)
         print_summary(summary)
         return summary
     finally:
@@ -179,14 +186,15 @@ def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer:
             "policy",
             buffer,
             i,
-            cfg.trainer.max_concurrent_groups,
+            cfg.trainer.concurrent_groups,
         )
         for i in range(cfg.trainer.rollout_workers)
     ]
 
 
-def wait_for_batch(buffer: Any, runs: list[Any], poll_s: float = 0.1) -> list[Group]:
+def wait_for_batch(buffer: Any, runs: list[Any], bar: Any, poll_s: float = 0.2) -> list[Group]:
     """The next batch; fails fast if a rollout worker died instead of waiting forever."""
+    polls = 0
     while True:
         batch = ray.get(buffer.pop_batch.remote())
         if batch is not None:
@@ -195,6 +203,13 @@ def wait_for_batch(buffer: Any, runs: list[Any], poll_s: float = 0.1) -> list[Gr
         for ref in finished:
             ray.get(ref)  # re-raises the worker's exception
             raise AgentsError("a rollout worker stopped while the trainer still needs data")
+        polls += 1
+        if polls % 25 == 0:  # show that generation is moving while the learner waits
+            stats = ray.get(buffer.stats.remote())
+            bar.set_postfix_str(
+                f"generating: {int(stats['buffer/ready'])} groups ready, "
+                f"{int(stats['buffer/in_flight'])} in flight"
+            )
         time.sleep(poll_s)
 
 
@@ -246,6 +261,18 @@ def save_checkpoint(
     save_rng(tmp / "rng.pkl")
     write_json(tmp / "trainer.json", {"step": step, "version": step, "elapsed_s": elapsed_s})
     return ckpt.commit(tmp, step)
+
+
+def write_transcript_viewer(run_dir: Path, summary: dict[str, Any]) -> None:
+    """``transcripts.html``: the sampled episodes in the eval transcript viewer."""
+    try:
+        from areal_agents.eval_viewer import write_viewer
+    except ImportError:  # the viewer ships with the eval command
+        return
+    from areal_agents.trainers.metrics import read_jsonl
+
+    records = read_jsonl(run_dir / "transcripts.jsonl")
+    write_viewer(run_dir / "transcripts.html", records, {"pass_threshold": 1.0, **summary})
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -60,6 +60,8 @@ def start_ray(cfg: RayConfig) -> bool:
     import ray
 
     os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
+    # Ray runs its workers at nice 15 by default: the learners would starve next to the server
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if ray.is_initialized():
         return False
     runtime_env = {"env_vars": worker_env()}

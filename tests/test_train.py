@@ -1,0 +1,125 @@
+"""The training command end to end on the calculator env with the tiny random model.
+
+``model=tiny`` is a randomly initialised model of SmolLM2's architecture and tokenizer (see
+``trainers/modeling.py``): it generates gibberish, so rewards stay near 0, but every part of
+the real loop runs — the built-in server generates, the FSDP learner steps, weights are pushed
+and the served version advances. The SIGKILL test really kills the whole process tree of a run
+mid-way and checks that the re-run resumes it exactly: the same batches (task indices and
+trajectory ids) as an uninterrupted run, none trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from areal_agents.errors import ConfigError
+from areal_agents.train import main
+from areal_agents.trainers.metrics import read_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = [
+    "env=calculator",
+    "model=tiny",
+    "env.group_size=2",
+    "trainer.groups_per_step=2",
+    "inference.max_tokens=8",
+    "log.progress=false",
+    "log.tensorboard=false",
+    "ray.num_cpus=2",
+]
+
+
+def run(args: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "areal_agents.train", *args],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def batches(run_dir: Path) -> list[tuple[list[int], list[str]]]:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    return [(r["batch/task_indices"], r["batch/traj_ids"]) for r in rows]
+
+
+def test_bad_keys_fail_at_start_with_the_key_and_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["trainer.max_stalenes=3"])
+    assert e.value.code == 2
+    assert "did you mean 'max_staleness'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["trainer.mode=sync", "trainer.max_staleness=2"])
+    assert "sync mode trains with staleness 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["algo=grpo", "env.group_size=1"])
+    assert "env.group_size" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_different_run(tmp_path: Path) -> None:
+    from areal_agents.config import load_config
+    from areal_agents.trainers.config import TrainConfig
+    from areal_agents.trainers.runtime import choose_run_dir, save_config
+
+    out = f"output_dir={tmp_path}"
+    cfg = load_config(TrainConfig, [*TINY, out])
+    save_config(cfg, tmp_path)
+    (tmp_path / "checkpoints" / "step_000001").mkdir(parents=True)
+    assert choose_run_dir(cfg)[1] == tmp_path / "checkpoints" / "step_000001"
+    other = load_config(TrainConfig, [*TINY, out, "env.group_size=3"])
+    with pytest.raises(ConfigError, match="env.group_size"):
+        choose_run_dir(other)
+    with pytest.raises(ConfigError, match="trainer.resume=never"):
+        choose_run_dir(load_config(TrainConfig, [*TINY, out, "trainer.resume=never"]))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    steps = 6
+    common = [*TINY, f"trainer.total_steps={steps}", "trainer.max_staleness=1"]
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+
+    proc = run([*common, f"output_dir={reference}"])
+    assert proc.wait(timeout=600) == 0
+    expected = batches(reference)
+    assert len(expected) == steps
+    summary = json.loads((reference / "summary.json").read_text())
+    assert summary["final_version"] == steps
+
+    proc = run([*common, f"output_dir={killed}"], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while len(read_jsonl(killed / "metrics.jsonl")) < 3:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    tree = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group: driver and servers
+    proc.wait(timeout=30)
+    # Ray and the inference server die with the driver: nothing of the run is left behind
+    deadline = time.monotonic() + 60
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in tree):
+        assert time.monotonic() < deadline, "processes of the killed run are still alive"
+        time.sleep(0.5)
+    done_before = len(read_jsonl(killed / "metrics.jsonl"))
+    assert done_before < steps
+
+    proc = run([*common, f"output_dir={killed}"])
+    assert proc.wait(timeout=600) == 0
+    resumed = batches(killed)
+    assert resumed == expected  # same task order, same trajectories, step by step
+    trained = [i for _, ids in resumed for i in ids]
+    assert len(trained) == len(set(trained)), "a trajectory was trained twice"
+    assert json.loads((killed / "summary.json").read_text())["final_version"] == steps
