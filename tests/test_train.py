@@ -79,9 +79,9 @@ def test_resume_refuses_a_different_run(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / "step_000001").mkdir(parents=True)
     assert choose_run_dir(cfg)[1] == tmp_path / "checkpoints" / "step_000001"
     other = load_config(TrainConfig, [*TINY, out, "env.group_size=3"])
-    with pytest.raises(ConfigError, match="env.group_size"):
+    with pytest.raises(ConfigError, match=r"env\.group_size"):
         choose_run_dir(other)
-    with pytest.raises(ConfigError, match="trainer.resume=never"):
+    with pytest.raises(ConfigError, match=r"trainer\.resume=never"):
         choose_run_dir(load_config(TrainConfig, [*TINY, out, "trainer.resume=never"]))
 
 
