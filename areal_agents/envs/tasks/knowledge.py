@@ -62,6 +62,10 @@ QUESTION_TYPES: dict[str, tuple[str, int]] = {
 }
 
 
+def _a(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
 @dataclass
 class _Entity:
     kind: str
@@ -190,12 +194,12 @@ class SyntheticKnowledgeBase:
                 text += f" It is the capital of {f['country'].name}."
         elif e.kind == "person":
             text = (
-                f"{e.name} is a {f['occupation']} who was born in {f['born_in'].name} in "
+                f"{e.name} is {_a(f['occupation'])} who was born in {f['born_in'].name} in "
                 f"{f['born']}. {e.name} works at {f['employer'].name}."
             )
         else:
             text = (
-                f"{e.name} is a {f['industry']} company founded in {f['founded']} by "
+                f"{e.name} is {_a(f['industry'])} company founded in {f['founded']} by "
                 f"{f['founder'].name}. Its headquarters are in {f['headquarters'].name}."
             )
         return Document(id=e.key, title=e.name, text=text)
