@@ -255,7 +255,7 @@ CODE_TEMPLATES: tuple[CodeTemplate, ...] = (
         "returns the numbers in `xs` that are greater than {k}, in their original order",
         "return [x for x in xs if x > {k}]",
         lambda r: (_ints(r),),
-        lambda r: {"k": r.randint(-5, 10)},
+        lambda r: {"k": r.randint(0, 10)},
     ),
     CodeTemplate(
         "repeat",
