@@ -121,6 +121,11 @@ class SearchEnv(MultiTurnEnv):
         if retriever_url is not None:
             self._retriever = HttpRetriever(retriever_url)
         if isinstance(source, str) and source == "synthetic":
+            if retriever_url is not None and kb_seed is None:
+                raise ConfigError(
+                    "retriever_url with the synthetic source needs a fixed kb_seed (the server "
+                    "must index that world's documents; see SyntheticKnowledgeBase(seed))"
+                )
             self.source: TaskSource | None = None
             if kb_seed is not None:
                 self._world(kb_seed)  # fail fast on bad options

@@ -78,6 +78,9 @@ class Reward:
 
     timeout_s: float = 30.0
     timeout_reward: float = 0.0
+    #: extra seconds :meth:`acall` waits beyond ``timeout_s``, for rewards that enforce
+    #: ``timeout_s`` themselves (a sandbox run) and report more than a bare timeout.
+    acall_slack_s: float = 0.0
 
     def __call__(self, response: str, reference: Any) -> RewardResult:
         raise NotImplementedError
@@ -92,7 +95,8 @@ class Reward:
         """The reward computed in a worker thread, bounded by ``timeout_s``."""
         try:
             return await asyncio.wait_for(
-                asyncio.to_thread(self, response, reference), timeout=self.timeout_s
+                asyncio.to_thread(self, response, reference),
+                timeout=self.timeout_s + self.acall_slack_s,
             )
         except TimeoutError:
             return self.timed_out(type(self).__name__)

@@ -216,6 +216,9 @@ def run_unit_tests(
 class UnitTestReward(Reward):
     """Reward a program by hidden unit tests run in a sandbox.
 
+    The sandbox enforces ``timeout_s``, so :meth:`acall` waits a little longer and still gets
+    the per-case report of a run that timed out.
+
     Args:
         mode: ``"all"`` (1.0 when every case passes, else 0.0) or ``"fraction"`` (passed/total).
         timeout_s: limit for the whole test run; ``case_timeout_s`` for one case.
@@ -235,6 +238,7 @@ class UnitTestReward(Reward):
         backend: str = "auto",
         sandbox_options: Mapping[str, Any] | None = None,
     ) -> None:
+        self.acall_slack_s = 10.0
         if mode not in ("all", "fraction"):
             raise ValueError(f"mode={mode!r}: choose 'all' or 'fraction'")
         self.mode = mode

@@ -229,7 +229,9 @@ def test_bad_configuration() -> None:
     with pytest.raises(ConfigError, match="metric"):
         SearchEnv(metric="bleu")
     with pytest.raises(ConfigError, match="http"):
-        SearchEnv(retriever_url="localhost:8000")
+        SearchEnv(kb_seed=0, retriever_url="localhost:8000")
+    with pytest.raises(ConfigError, match="kb_seed"):
+        SearchEnv(retriever_url="http://127.0.0.1:1")
 
 
 def test_alias_and_check_env_on_a_fixed_world() -> None:
