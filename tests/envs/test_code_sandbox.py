@@ -190,6 +190,11 @@ def test_humaneval_task_selected_by_id() -> None:
     with pytest.raises(ConfigError, match="HumanEval/00"):
         env.reset(options={"task_id": "HumanEval/00"})
     env.close()
+    default = env_for()  # procedural by default, yet HumanEval ids still select their task
+    assert default.reset(options={"task_id": "HumanEval/7"})[1]["task_id"] == "HumanEval/7"
+    with pytest.raises(ConfigError, match="gen/<template>/<seed>"):
+        default.reset(options={"task_id": "MBPP/1"})
+    default.close()
 
 
 def test_user_jsonl_tasks(tmp_path: Path) -> None:
