@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import signal
 import sys
 import typing
 from collections.abc import Sequence
@@ -67,10 +66,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         raise SystemExit(2) from None
     from areal_agents.trainers.loop import train
 
-    def _terminate(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)  # unwind: servers, Ray actors and sandboxes are closed
-
-    signal.signal(signal.SIGTERM, _terminate)
     try:
         return train(cfg)
     except AgentsError as e:

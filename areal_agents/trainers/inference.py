@@ -174,6 +174,7 @@ class WeightSync:
         self.servers = servers
         self.weights_dir = weights_dir
         self.last_push_s = 0.0
+        self.served_versions: list[int] = []
 
     def push(self, learners: Any, version: int) -> float:
         """Send version ``version`` to every server; returns the seconds it took."""
@@ -200,6 +201,10 @@ class WeightSync:
                     if isinstance(error, WeightSyncError):
                         raise error
                     raise WeightSyncError(f"weight version {version}: {error}") from error
+        served = [int(s.weight_version()) for s in self.servers]
+        if any(v != version for v in served):
+            raise WeightSyncError(f"pushed weight version {version} but the servers serve {served}")
+        self.served_versions = served
         if self.cfg.weight_sync == "disk":
             for old in self.weights_dir.glob("v*"):
                 if old.name != f"v{version:06d}":

@@ -16,6 +16,7 @@ works, so generation and learning alternate.
 from __future__ import annotations
 
 import logging
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -64,6 +65,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     print(f"run directory: {run_dir}" + (f" (resuming {resume_from.name})" if resume_from else ""))
 
     started_ray = start_ray(cfg.ray)
+    # After ray.init (which installs its own handler): SIGTERM unwinds like Ctrl-C, so that
+    # servers, actors and sandboxes are closed.
+    signal.signal(signal.SIGTERM, _terminate)
     servers: list[Any] = []
     learners: LearnerGroup | None = None
     workers: list[Any] = []
@@ -133,6 +137,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 "elapsed_s": time.perf_counter() - start,
             }
             metrics = step_metrics(step, groups, learn, stats, times)
+            metrics["server/weight_version"] = min(sync.served_versions)
             log.log(step, metrics)
             log.transcripts(step, sample_transcripts(groups, cfg.log.transcripts_per_step))
             bar.update(1)
@@ -164,6 +169,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 
 # ---- helpers the loop names ----------------------------------------------------------------
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def check_env(cfg: TrainConfig) -> None:
