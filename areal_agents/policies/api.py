@@ -56,6 +56,7 @@ class _Base(BaseModel):
     seed: int | None = None
     stream: bool = False
     return_token_ids: bool = False
+    ignore_eos: bool = False
 
 
 class ChatRequest(_Base):
@@ -202,6 +203,7 @@ class _Server:
                 seed=None if req.seed is None else req.seed + i,
                 top_logprobs=top,
                 forced_prefix=prefix,
+                ignore_eos=req.ignore_eos,
             )
             for i in range(req.n)
         ]
@@ -445,7 +447,11 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
 
     @app.get("/weight_version")
     async def weight_version() -> dict[str, Any]:
-        return {"weight_version": engine.weight_version, "is_paused": engine.is_paused}
+        return {
+            "weight_version": engine.weight_version,
+            "is_paused": engine.is_paused,
+            "decode_steps": engine.decode_steps,
+        }
 
     @app.post("/pause")
     async def pause() -> dict[str, Any]:

@@ -54,6 +54,8 @@ class GenerationRequest:
     top_logprobs: int = 0
     forced_prefix: tuple[int, ...] = ()
     """Tokens emitted before sampling starts (e.g. ``<tool_call>`` when a tool is required)."""
+    ignore_eos: bool = False
+    """Keep going past end-of-sequence tokens (vLLM's ``ignore_eos``)."""
 
 
 @dataclass
@@ -116,6 +118,8 @@ class Engine:
         self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids))
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._version = 0
+        self.decode_steps = 0
+        """Forward passes run so far (a progress counter for monitoring and tests)."""
         self._queue: deque[_Row] = deque()
         self._cond = threading.Condition()
         self._paused = False
@@ -308,6 +312,7 @@ class Engine:
             )
             cache = out.past_key_values
             last = out.logits[:, -1, :].float()
+            self.decode_steps += 1
             next_pos = next_pos + 1
         for row in rows:
             row.future.set_result(
@@ -360,7 +365,7 @@ class Engine:
 
     def _check_done(self, row: _Row, token: int) -> None:
         req = row.request
-        if token in self.eos_token_ids:
+        if token in self.eos_token_ids and not req.ignore_eos:
             row.finish = "stop"
         elif token in req.stop_token_ids:
             row.finish, row.stop_reason = "stop", token

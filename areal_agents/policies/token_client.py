@@ -18,7 +18,7 @@ from where it stopped, under the new weights, and tags those tokens with the new
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from areal_agents.errors import EndpointError
@@ -63,6 +63,7 @@ class TokenPolicy:
         model: the served model name.
         tokenizer: the model's Hugging Face tokenizer (renders the chat template).
         temperature, top_p, max_tokens: sampling; ``max_tokens`` is cut to the context left.
+        stop: stop strings; extra_body: more request fields (``{"ignore_eos": True}``).
         version_source: where the weight version comes from when a response carries none
             (vLLM reports none on completions): e.g. the launcher's ``weight_version``.
         max_model_len: the server's context length (None asks ``/v1/models`` once).
@@ -80,6 +81,7 @@ class TokenPolicy:
         top_p: float = 1.0,
         max_tokens: int = 512,
         stop: Sequence[str] = (),
+        extra_body: Mapping[str, Any] | None = None,
         version_source: Callable[[], int] | None = None,
         max_model_len: int | None = None,
         max_continuations: int = 16,
@@ -95,6 +97,7 @@ class TokenPolicy:
         self.top_p = top_p
         self.max_tokens = max_tokens
         self.stop = list(stop)
+        self.extra_body = {**(extra_body or {}), "return_token_ids": True}
         self.version_source = version_source
         self.max_model_len = max_model_len
         self.max_continuations = max_continuations
@@ -135,7 +138,7 @@ class TokenPolicy:
             body["stop"] = self.stop
         response = await self.endpoint.call(
             "completion",
-            lambda c: c.completions.create(**body, extra_body={"return_token_ids": True}),
+            lambda c: c.completions.create(**body, extra_body=self.extra_body),
         )
         extra = response.model_extra or {}
         version = extra.get("weight_version")

@@ -1,0 +1,347 @@
+"""The same client tests against the built-in server and against real vLLM (``vllm`` marker).
+
+Both engines serve the offline default model; each is started once per module. Everything
+goes through the official ``openai`` client or this package's clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium as gym
+import openai
+import pytest
+import torch
+
+from areal_agents.errors import WeightSyncError
+from areal_agents.policies.chat_client import ChatPolicy
+from areal_agents.policies.token_client import TokenPolicy
+from areal_agents.rollout import run_episode
+from areal_agents.types import Message, ToolCall, ToolSpec, Turn
+from tests.policies.conftest import teacher_forced_logprobs
+
+pytestmark = pytest.mark.integration
+
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
+def few_shot_tool_conversation() -> list[dict[str, Any]]:
+    """Three worked examples of calling the calculator, then a new question.
+
+    A 135M model does not call tools unprompted; after these examples it does (greedy).
+    """
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Always call the calculator tool first."}
+    ]
+    for i, (question, answer) in enumerate([("3 + 4", "7"), ("10 * 5", "50"), ("8 - 2", "6")]):
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "calculator", "arguments": json.dumps({"expression": question})},
+        }
+        messages += [
+            {"role": "user", "content": f"What is {question}?"},
+            {"role": "assistant", "content": "I will use the calculator.", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": answer},
+            {"role": "assistant", "content": f"\\boxed{{{answer}}}"},
+        ]
+    return [*messages, {"role": "user", "content": "What is 12 * 7?"}]
+
+
+@pytest.fixture(
+    scope="module",
+    params=["builtin", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])],
+)
+def server(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "builtin":
+        from areal_agents.policies.server import BuiltinServer
+
+        handle: Any = BuiltinServer(max_model_len=2048)
+        timeout = 180.0
+    else:
+        from areal_agents.policies.vllm import VLLMServer
+        from tests.conftest import vllm_python
+
+        python = vllm_python()
+        if python is None:  # conftest has skipped (or failed) the test already
+            pytest.skip("no vLLM environment")
+        handle = VLLMServer(python=str(python), max_model_len=2048, dtype="float32")
+        timeout = 600.0
+    handle.kind = request.param
+    handle.start()
+    try:
+        handle.wait_ready(timeout=timeout)
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture
+def client(server: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
+
+
+def _greedy(client: openai.OpenAI, server: Any, prompt: Any, n: int = 6) -> Any:
+    return client.completions.create(
+        model=server.served_model_name,
+        prompt=prompt,
+        max_tokens=n,
+        temperature=0,
+        logprobs=0,
+        extra_body={"return_token_ids": True},
+    )
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI, server: Any) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [server.served_model_name]
+    assert (models.data[0].model_extra or {})["max_model_len"] == 2048
+
+
+def test_chat_completion(client: openai.OpenAI, server: Any) -> None:
+    response = client.chat.completions.create(
+        model=server.served_model_name,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"return_token_ids": True},
+    )
+    choice = response.choices[0]
+    assert "Paris" in (choice.message.content or "")
+    assert choice.finish_reason in ("stop", "length")
+    assert choice.logprobs is not None and choice.logprobs.content
+    first = choice.logprobs.content[0]
+    assert len(first.top_logprobs) == 2 and first.logprob <= 0.0
+    assert first.top_logprobs[0].logprob >= first.top_logprobs[1].logprob
+    token_ids = (choice.model_extra or {})["token_ids"]
+    assert response.usage is not None and response.usage.completion_tokens == len(token_ids)
+    prompt_ids = (response.model_extra or {})["prompt_token_ids"]
+    assert len(prompt_ids) == response.usage.prompt_tokens
+
+
+def test_chat_sampling_n_and_seed(client: openai.OpenAI, server: Any) -> None:
+    def sample(seed: int) -> list[str]:
+        response = client.chat.completions.create(
+            model=server.served_model_name,
+            messages=[{"role": "user", "content": "Tell me a story."}],
+            max_tokens=8,
+            temperature=1.0,
+            n=3,
+            seed=seed,
+        )
+        return [c.message.content or "" for c in response.choices]
+
+    first = sample(7)
+    assert len(first) == 3 and len(set(first)) > 1  # three different samples
+    assert sample(7) == first  # a seed makes sampling repeatable
+
+
+def test_hermes_tool_calls_come_back_structured(client: openai.OpenAI, server: Any) -> None:
+    response = client.chat.completions.create(
+        model=server.served_model_name,
+        messages=few_shot_tool_conversation(),  # type: ignore[arg-type]
+        tools=[CALCULATOR],  # type: ignore[list-item]
+        max_tokens=48,
+        temperature=0,
+    )
+    message = response.choices[0].message
+    assert message.tool_calls, message.content
+    call = message.tool_calls[0]
+    assert call.function.name == "calculator"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"expression": "12 * 7"}  # type: ignore[union-attr]
+    assert "<tool_call>" not in (message.content or "")
+
+
+def test_completions_return_token_ids_and_logprobs(
+    client: openai.OpenAI, server: Any, tokenizer: Any, hf_model: Any
+) -> None:
+    prompt = tokenizer.encode("The capital of France is", add_special_tokens=False)
+    response = _greedy(client, server, prompt)
+    choice = response.choices[0]
+    extra = choice.model_extra or {}
+    assert extra["prompt_token_ids"] == prompt
+    ids = extra["token_ids"]
+    assert len(ids) == 6 and tokenizer.decode(ids).startswith(" Paris")
+    assert choice.logprobs is not None
+    logprobs = choice.logprobs.token_logprobs
+    assert logprobs is not None and len(logprobs) == len(ids)
+    expected = teacher_forced_logprobs(hf_model, prompt + ids)[len(prompt) - 1 :]
+    assert logprobs == pytest.approx(expected, abs=2e-3)
+    assert _greedy(client, server, prompt).choices[0].model_extra["token_ids"] == ids  # type: ignore[index]
+
+
+def test_bad_requests_get_clear_4xx_errors(client: openai.OpenAI, server: Any) -> None:
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        client.completions.create(model=server.served_model_name, prompt="hi", max_tokens=5000)
+    if server.kind == "builtin":  # vLLM accepts some malformed schemas until it must use them
+        bad_tool = {"type": "function", "function": {"name": "bad name!", "parameters": {}}}
+        with pytest.raises(openai.BadRequestError, match="name"):
+            client.chat.completions.create(
+                model=server.served_model_name,
+                messages=[{"role": "user", "content": "hi"}],
+                tools=[bad_tool],  # type: ignore[list-item]
+                max_tokens=2,
+            )
+
+
+class _Conversation(gym.Env[Any, Any]):
+    """A user environment with three assistant turns: a tool result, a user reply, the end."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        self.turns = 0
+        return [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Name a fruit."},
+        ], {"task_id": "fruit"}
+
+    def step(self, action: Turn) -> Any:
+        self.turns += 1
+        if self.turns == 1:
+            obs = [{"role": "tool", "content": "apple, pear", "tool_call_id": "t0"}]
+        else:
+            obs = [{"role": "user", "content": "Name another one."}]
+        return obs, float(self.turns == 3), self.turns == 3, False, {}
+
+
+async def _episode(server: Any, tokenizer: Any) -> Any:
+    policy = TokenPolicy(
+        server.base_url, server.served_model_name, tokenizer, temperature=0.0, max_tokens=12
+    )
+    return await run_episode(_Conversation(), policy, seed=0)
+
+
+def test_token_client_multi_turn_episode_reproduces_the_servers_tokens(
+    client: openai.OpenAI, server: Any, tokenizer: Any, hf_model: Any
+) -> None:
+    episode = asyncio.run(_episode(server, tokenizer))
+    turns = episode.turns
+    assert len(turns) == 3
+    # Each prompt extends the previous prompt + the sampled ids exactly (no re-tokenisation).
+    for before, after in itertools.pairwise(turns):
+        context = (*before.prompt_token_ids, *before.token_ids)  # type: ignore[misc]
+        assert after.prompt_token_ids[: len(context)] == context  # type: ignore[index]
+    trajectory = episode.to_trajectory(group_id="g")
+    assert trajectory.num_policy_tokens == sum(len(t.token_ids or ()) for t in turns)
+    text = tokenizer.decode(trajectory.token_ids)
+    assert "<tool_response>\napple, pear\n</tool_response>" in text
+    assert "<|im_start|>user\nName another one.<|im_end|>" in text
+    # Asked again with each turn's prompt, the server generates exactly the same ids...
+    for turn in turns:
+        again = _greedy(client, server, list(turn.prompt_token_ids or ()), n=12)
+        assert (again.choices[0].model_extra or {})["token_ids"] == list(turn.token_ids or ())
+    # ...and the behaviour logprobs are the model's own on the joined sequence.
+    expected = teacher_forced_logprobs(hf_model, list(trajectory.token_ids))
+    policy_positions = [i for i, m in enumerate(trajectory.loss_mask) if m]
+    got = [trajectory.behavior_logprobs[i] for i in policy_positions]
+    assert got == pytest.approx([expected[i - 1] for i in policy_positions], abs=2e-3)
+
+
+def test_chat_policy_returns_structured_tool_calls(server: Any) -> None:
+    policy = ChatPolicy(server.base_url, server.served_model_name, temperature=0, max_tokens=48)
+    convo = [Message.from_openai(m) for m in few_shot_tool_conversation()]
+    turn = asyncio.run(policy.act(convo, [ToolSpec.from_openai(CALCULATOR)]))
+    assert turn.tool_calls is not None
+    assert turn.tool_calls[0].name == "calculator"
+    assert isinstance(turn.tool_calls[0], ToolCall) and turn.usage is not None
+
+
+@pytest.fixture(scope="module")
+def noisy_dir(model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A checkpoint of the default model with noise on its MLP weights (same shapes)."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(model_dir / "model.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    noisy = {
+        k: v + 0.05 * torch.randn(v.shape, generator=gen) if ".mlp." in k else v
+        for k, v in state.items()
+    }
+    path = tmp_path_factory.mktemp("noisy")
+    save_file(noisy, str(path / "model.safetensors"))
+    return path
+
+
+def _noisy_state(noisy_dir: Any) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(noisy_dir / "model.safetensors"))
+
+
+def test_weight_updates_change_outputs_and_versions(
+    client: openai.OpenAI, server: Any, model_dir: Any, noisy_dir: Any, tokenizer: Any
+) -> None:
+    prompt = tokenizer.encode("The capital of France is", add_special_tokens=False)
+    before = _greedy(client, server, prompt, n=8).choices[0].model_extra["token_ids"]  # type: ignore[index]
+    start = server.weight_version()
+    server.update_weights_from_state_dict(_noisy_state(noisy_dir), start + 1, timeout=300)
+    assert server.weight_version() == start + 1
+    changed = _greedy(client, server, prompt, n=8)
+    assert changed.choices[0].model_extra["token_ids"] != before  # type: ignore[index]
+    if server.kind == "builtin":
+        assert (changed.model_extra or {})["weight_version"] == start + 1
+    with pytest.raises(WeightSyncError, match="version must increase"):
+        server.update_weights_from_disk(str(model_dir), start + 1, timeout=60)
+    bad = {"model.embed_tokens.weight": torch.zeros(10, 576)}
+    with pytest.raises(WeightSyncError, match="shape"):
+        server.update_weights_from_state_dict(bad, start + 5, timeout=60)
+    server.update_weights_from_disk(str(model_dir), start + 2, timeout=300)  # the original
+    assert server.weight_version() == start + 2
+    restored = _greedy(client, server, prompt, n=8).choices[0].model_extra["token_ids"]  # type: ignore[index]
+    assert restored == before
+
+
+def test_an_update_mid_generation_is_continued_under_new_weights(
+    server: Any, model_dir: Any, noisy_dir: Any, tokenizer: Any
+) -> None:
+    if server.kind != "builtin":
+        pytest.skip("vLLM's pause/abort path is exercised by the trainer's own tests")
+    import httpx
+
+    def steps() -> int:
+        return int(httpx.get(f"{server.root_url}/weight_version").json()["decode_steps"])
+
+    async def scenario() -> Turn:
+        policy = TokenPolicy(
+            server.base_url,
+            server.served_model_name,
+            tokenizer,
+            temperature=0.0,
+            max_tokens=400,
+            extra_body={"ignore_eos": True},
+        )
+        start, version = steps(), server.weight_version()
+        task = asyncio.create_task(policy.act([Message.user("Count to one hundred.")], []))
+        while steps() < start + 5:  # the generation is under way
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(server.update_weights_from_disk, str(noisy_dir), version + 1, 300)
+        turn = await task
+        await asyncio.to_thread(server.update_weights_from_disk, str(model_dir), version + 2, 300)
+        return turn
+
+    turn = asyncio.run(scenario())
+    versions = list(turn.versions or ())
+    assert len(turn.token_ids or ()) == 400 and turn.finish_reason == "length"
+    old, new = versions[0], versions[-1]
+    assert new == old + 1  # the update landed mid-turn...
+    switch = versions.index(new)
+    assert 0 < switch < 400 and versions == [old] * switch + [new] * (400 - switch)  # ...once
