@@ -17,6 +17,7 @@ Episodes that hit an infrastructure fault are dropped and counted, never scored 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import math
@@ -229,6 +230,9 @@ async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
     from areal_agents.rollout import run_episode
 
     env_id = resolve_env_id(cfg.env)
+    if ":" in env_id:  # Gymnasium's "module:Env-v0": import the module (it registers the env)
+        module, _, env_id = env_id.partition(":")
+        importlib.import_module(module)
     gym.spec(env_id)  # fails now, with gymnasium's message, for an unknown id
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,6 +240,10 @@ async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
     if cfg.resume:
         _check_resumable(cfg, out)
         finished = _read_finished(transcripts)
+        # Rewrite without lines a crash cut short, so that new lines append cleanly.
+        tmp = transcripts.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in finished.values()))
+        tmp.replace(transcripts)
     else:
         finished = {}
         transcripts.unlink(missing_ok=True)

@@ -1,0 +1,211 @@
+"""``python -m areal_agents.eval`` against a strict fake OpenAI server with a scripted agent.
+
+The fake (tests/policies/fake_openai.py) validates every request against the OpenAI spec and
+answers from a script, so the expected scores are known exactly: every episode first calls a
+misspelt tool (a counted tool error), then the calculator, then answers; of the two samples of
+each task, exactly one answers correctly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+from areal_agents.envs.calculator import safe_eval
+from areal_agents.errors import ConfigError
+from areal_agents.eval import main, pass_at_k
+from tests.policies.fake_openai import FakeOpenAI
+
+pytestmark = pytest.mark.integration
+
+
+class CalculatorAgent:
+    """The scripted agent behind the fake endpoint."""
+
+    def __init__(self) -> None:
+        self.answers: Counter[str] = Counter()
+
+    def __call__(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        question = next(m["content"] for m in messages if m["role"] == "user")
+        if question.startswith("Repeat the word: "):
+            return {"content": question.removeprefix("Repeat the word: ")}
+        expression = re.fullmatch(r"What is (.*)\?", question).group(1)  # type: ignore[union-attr]
+        last = messages[-1]
+        if last["role"] == "user":
+            return self._call("calculater", expression, "call_typo")  # not a tool: an error
+        if last["content"].startswith("Error: unknown tool"):
+            return self._call("calculator", expression, "call_ok")
+        value = int(last["content"])
+        self.answers[question] += 1
+        correct = self.answers[question] % 2 == 1  # the first answer to a task is right
+        return {"content": f"The answer is \\boxed{{{value if correct else value + 1}}}."}
+
+    @staticmethod
+    def _call(name: str, expression: str, call_id: str) -> dict[str, Any]:
+        arguments = json.dumps({"expression": expression})
+        call = {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+        return {"content": None, "tool_calls": [call]}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.delenv("AREAL_API_KEY", raising=False)
+    with FakeOpenAI(CalculatorAgent()).running() as server:
+        yield server
+
+
+def _args(fake: FakeOpenAI, out: Path, *extra: str) -> list[str]:
+    return [
+        f"policy.base_url={fake.base_url}",
+        "policy.model=scripted",
+        f"output_dir={out}",
+        "progress=false",
+        *extra,
+    ]
+
+
+def test_pass_at_k_is_the_unbiased_estimator() -> None:
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(5, 4, 2) == 1.0
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_eval_scores_a_scripted_agent_exactly(fake: FakeOpenAI, tmp_path: Path) -> None:
+    summary = main(
+        _args(
+            fake,
+            tmp_path,
+            "env=calculator",
+            "num_episodes=8",
+            "samples_per_task=2",
+            "concurrency=4",
+        )
+    )
+    assert summary["episodes"] == 8 and summary["tasks"] == 4 and summary["episodes_dropped"] == 0
+    assert summary["mean_reward"] == 0.5
+    assert summary["pass@1"] == 0.5 and summary["pass@2"] == 1.0
+    assert summary["turns_per_episode"] == 3.0
+    assert summary["tool_calls_per_episode"] == 2.0
+    assert summary["tool_errors"]["unknown_tool"] == 8 and summary["tool_error_rate"] == 0.5
+    assert summary["completion_tokens_per_episode"] == 21.0  # 3 answers x 7 tokens (usage)
+    assert len(fake.requests) == 24
+
+    lines = (tmp_path / "transcripts.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert sorted(r["key"] for r in records) == [
+        f"{i:05d}-{j:03d}" for i in range(4) for j in range(2)
+    ]
+    env = gym.make("areal_agents/Calculator-v0")
+    for r in records:  # task i is the one reset(seed=i) draws, independently re-derived here
+        _, info = env.reset(seed=r["task_index"])
+        expression = env.unwrapped.task.metadata["expression"]  # type: ignore[attr-defined]
+        assert (
+            r["task_id"] == info["task_id"]
+            and r["messages"][1]["content"] == f"What is {expression}?"
+        )
+        tool_result = r["messages"][5]
+        assert tool_result["role"] == "tool" and int(tool_result["content"]) == safe_eval(
+            expression
+        )
+    assert json.loads((tmp_path / "summary.json").read_text())["pass@2"] == 1.0
+    assert "env: calculator" in (tmp_path / "config.yaml").read_text()
+
+
+def test_eval_resume_plays_only_missing_episodes(fake: FakeOpenAI, tmp_path: Path) -> None:
+    main(_args(fake, tmp_path, "num_episodes=4"))
+    path = tmp_path / "transcripts.jsonl"
+    lines = path.read_text().splitlines()
+    kept = sorted(lines)[:2]
+    path.write_text("\n".join(kept) + '\n{"key": "00003-000", "rew')  # a crash mid-line
+    fake.requests.clear()
+    summary = main([*_args(fake, tmp_path, "num_episodes=4"), "--resume"])
+    assert len(fake.requests) == 2 * 3  # two episodes replayed, three requests each
+    assert summary["episodes"] == 4
+    lines = path.read_text().splitlines()
+    assert [json.loads(x) for x in lines[:2]] == [json.loads(x) for x in kept]  # kept as they were
+    keys = [json.loads(x)["key"] for x in lines]
+    assert sorted(keys) == ["00000-000", "00001-000", "00002-000", "00003-000"]
+    with pytest.raises(ConfigError, match="seed"):
+        main([*_args(fake, tmp_path, "num_episodes=4", "seed=9"), "--resume"])
+
+
+def test_eval_runs_a_user_environment_by_module_and_id(
+    fake: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = tmp_path / "acme_echo.py"
+    module.write_text(
+        textwrap.dedent("""
+        import gymnasium as gym
+        from areal_agents.envs.base import MultiTurnEnv, Score, Task
+
+        class EchoEnv(MultiTurnEnv):
+            def sample_task(self, rng):
+                word = ["apple", "river", "stone"][int(rng.integers(3))]
+                return Task(id=word, prompt=f"Repeat the word: {word}", answer=word)
+
+            def score(self, task, submission, turn):
+                return Score(float(submission.strip() == task.answer))
+
+        if "acme/Echo-v0" not in gym.registry:
+            gym.register(id="acme/Echo-v0", entry_point=EchoEnv)
+    """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    summary = main(_args(fake, tmp_path / "out", "env=acme_echo:acme/Echo-v0", "num_episodes=3"))
+    assert summary["episodes"] == 3 and summary["mean_reward"] == 1.0
+    assert summary["turns_per_episode"] == 1.0 and summary["tool_call_attempts"] == 0
+    assert all("tools" not in r for r in fake.requests)  # no tools: none sent
+
+
+def test_eval_rejects_bad_configuration(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="multiple of"):
+        main(["num_episodes=3", "samples_per_task=2", f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="unknown environment"):
+        main(["env=no_such_env", "policy.base_url=http://127.0.0.1:9/v1", f"output_dir={tmp_path}"])
+
+
+@pytest.mark.browser
+def test_the_viewer_renders_in_headless_chromium(fake: FakeOpenAI, tmp_path: Path) -> None:
+    main(_args(fake, tmp_path, "num_episodes=4", "samples_per_task=2"))
+    page = tmp_path / "index.html"
+
+    def dump(fragment: str) -> str:
+        chromium = shutil.which("chromium") or "chromium"
+        profile = tmp_path / f"profile{len(fragment)}"
+        command = [
+            chromium, "--headless", "--no-sandbox", "--disable-gpu",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}", "--dump-dom", page.as_uri() + fragment,
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    dom = dump("")
+    assert dom.count('class="episode pass"') == 2 and dom.count('class="episode fail"') == 2
+    assert 'data-shown="4"' in dom and "showing 4 of 4" in dom
+    assert "calculater" in dom and "Error: unknown tool" in dom  # tool calls and results
+    assert "pass@2=1" in dom  # the summary header
+    passed = dump("#outcome=pass")
+    assert passed.count('class="episode pass"') == 2 and 'class="episode fail"' not in passed
+    assert "showing 2 of 4" in passed
+    assert 'data-shown="0"' in dump("#min=2")
