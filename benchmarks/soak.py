@@ -59,17 +59,31 @@ def role(proc: psutil.Process) -> str:
     return name
 
 
-def containers() -> int:
+def containers(owners: set[int] | None = None) -> int:
+    """Sandbox containers running now; with ``owners``, only those created by those pids (the
+    docker backend labels each container with its creator's pid; other runs share the engine)."""
     try:
         out = subprocess.run(
-            ["docker", "ps", "-q", "--filter", f"label={LABEL}"],
+            [
+                "docker",
+                "ps",
+                "--filter",
+                f"label={LABEL}",
+                "--format",
+                '{{.ID}} {{.Label "areal_agents.sandbox.pid"}}',
+            ],
             capture_output=True,
             text=True,
             timeout=20,
         )
     except (OSError, subprocess.TimeoutExpired):
         return -1
-    return len(out.stdout.split()) if out.returncode == 0 else -1
+    if out.returncode != 0:
+        return -1
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    if owners is None:
+        return len(rows)
+    return sum(1 for r in rows if len(r) > 1 and r[1].isdigit() and int(r[1]) in owners)
 
 
 def sample(root: psutil.Process) -> dict[str, Any]:
@@ -78,7 +92,7 @@ def sample(root: psutil.Process) -> dict[str, Any]:
     with contextlib.suppress(psutil.NoSuchProcess):
         procs += root.children(recursive=True)
     seen: set[int] = set()
-    by_pid: dict[str, int] = {}
+    by_pid: dict[int, tuple[str, int]] = {}
     by_role: dict[str, int] = defaultdict(int)
     for p in procs:
         if p.pid in seen:
@@ -89,14 +103,15 @@ def sample(root: psutil.Process) -> dict[str, Any]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         r = role(p)
-        by_pid[f"{r} [{p.pid}]"] = rss
+        by_pid[p.pid] = (r, rss)
         by_role[r] += rss
     return {
         "t": time.monotonic(),
-        "total": sum(by_pid.values()),
+        "total": sum(rss for _, rss in by_pid.values()),
         "roles": dict(by_role),
-        "pids": by_pid,
-        "containers": containers(),
+        "pids": {pid: rss for pid, (_, rss) in by_pid.items()},
+        "names": {pid: r for pid, (r, _) in by_pid.items()},
+        "containers": containers(seen),
     }
 
 
@@ -105,13 +120,14 @@ def summarise(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
     steady = [s for s in samples if s["t"] - t0 >= warmup_s] or samples[-1:]
     third = max(1, len(steady) // 3)
     early, late = steady[:third], steady[-third:]
-    names = sorted({k for s in samples for k in s["pids"]})
+    pids = sorted({k for s in samples for k in s["pids"]})
+    last_name = {pid: s["names"][pid] for s in samples for pid in s["names"]}
     per_process = {}
-    for name in names:
-        values = [s["pids"].get(name, 0) for s in samples]
-        e = [s["pids"][name] for s in early if name in s["pids"]]
-        la = [s["pids"][name] for s in late if name in s["pids"]]
-        per_process[name] = {
+    for pid in pids:
+        values = [s["pids"].get(pid, 0) for s in samples]
+        e = [s["pids"][pid] for s in early if pid in s["pids"]]
+        la = [s["pids"][pid] for s in late if pid in s["pids"]]
+        per_process[f"{last_name[pid]} [{pid}]"] = {
             "peak_mb": max(values) / MB,
             "steady_mb": statistics.median(la) / MB if la else 0.0,
             "growth_pct": (
@@ -183,7 +199,7 @@ def main() -> int:
                 proc.wait()
         log.close()
     time.sleep(3)
-    left = containers()
+    left = containers({pid for s in samples for pid in s["pids"]})
     if proc.returncode not in (0, 128 + signal.SIGTERM, -signal.SIGTERM) and len(samples) < 3:
         print(f"the run failed (exit {proc.returncode}); see {out}.log")
         return 1
