@@ -1,10 +1,9 @@
-"""Held-out success rate of a model on the calculator environment.
+"""Held-out success rate of a model on the calculator environment, by ``areal_agents.eval``.
 
-Starts the built-in server on the model directory, plays one episode per held-out task
-(:func:`examples.cpu_quickstart.tasks.heldout_seeds`) through the token client — the same
-episode loop as training — and reports the mean reward (= success rate), how often the model
-called the tool, and the episode shape. ``--temperature 1.0`` samples as training does;
-``--temperature 0`` is greedy.
+Runs ``python -m areal_agents.eval`` (built-in server on the model directory, chat endpoint,
+structured tool calls) on the held-out tasks of :mod:`examples.cpu_quickstart.tasks`: task
+``i`` is ``reset(seed=HELDOUT_SEED0 + i)``, seeds no warm-start demonstration uses and that the
+RL run is checked against. Temperature 1.0 samples as training does; 0 is greedy.
 
     python -m examples.cpu_quickstart.evaluate --model runs/cpu_quickstart/warm_start --tasks 128
 """
@@ -12,130 +11,100 @@ called the tool, and the episode shape. ``--temperature 1.0`` samples as trainin
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["evaluate", "main"]
+from examples.cpu_quickstart.tasks import HELDOUT_SEED0
+
+__all__ = ["eval_command", "evaluate", "main"]
+
+REPO = Path(__file__).resolve().parents[2]
 
 
-async def _play(
-    base_url: str,
-    tokenizer: Any,
-    seeds: Sequence[int],
-    temperature: float,
-    max_tokens: int,
-    concurrency: int,
-    max_turns: int,
-) -> list[dict[str, Any]]:
-    from areal_agents.envs.registry import make_env
-    from areal_agents.policies.token_client import TokenPolicy
-    from areal_agents.rollout import run_episode
-
-    policy = TokenPolicy(
-        base_url,
-        "policy",
-        tokenizer,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        max_concurrency=concurrency,
-        timeout=1800,
-    )
-    queue = list(seeds)
-    rows: list[dict[str, Any]] = []
-
-    async def lane() -> None:
-        env = make_env("calculator", max_turns=max_turns)
-        while queue:
-            seed = queue.pop(0)
-            episode = await run_episode(env, policy, seed=seed)
-            row = episode.to_json()
-            row["seed"] = seed
-            row["used_tool"] = episode.tool_calls > 0
-            rows.append(row)
-        env.close()
-
-    await asyncio.gather(*(lane() for _ in range(min(concurrency, len(queue)))))
-    return sorted(rows, key=lambda r: r["seed"])
-
-
-def evaluate(
+def eval_command(
     model: str | Path,
+    output_dir: str | Path,
     *,
     tasks: int = 128,
     temperature: float = 1.0,
     max_tokens: int = 48,
-    concurrency: int = 32,
+    concurrency: int = 16,
     max_turns: int = 2,
-    transcripts: str | Path | None = None,
+) -> list[str]:
+    """The ``python -m areal_agents.eval`` command line for the held-out tasks."""
+    return [
+        sys.executable,
+        "-m",
+        "areal_agents.eval",
+        "env=calculator",
+        f"env_kwargs={{max_turns: {max_turns}}}",
+        f"policy.model={model}",
+        f"policy.temperature={temperature}",
+        f"policy.max_tokens={max_tokens}",
+        f"seed={HELDOUT_SEED0}",
+        f"num_episodes={tasks}",
+        "samples_per_task=1",
+        f"concurrency={concurrency}",
+        f"output_dir={output_dir}",
+        "progress=false",
+    ]
+
+
+def evaluate(
+    model: str | Path,
+    output_dir: str | Path,
+    *,
+    tasks: int = 128,
+    temperature: float = 1.0,
+    max_tokens: int = 48,
+    concurrency: int = 16,
 ) -> dict[str, Any]:
-    """Success rate of ``model`` on ``tasks`` held-out calculator tasks."""
-    from transformers import AutoTokenizer
-
-    from areal_agents.policies.server import BuiltinServer
-    from areal_agents.trainers.modeling import resolve_model_dir
-    from examples.cpu_quickstart.tasks import heldout_seeds
-
-    model_dir = resolve_model_dir(str(model))
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    seeds = heldout_seeds(tasks)
-    start = time.perf_counter()
-    server = BuiltinServer(
-        str(model_dir), served_model_name="policy", extra_args=["--max-batch-size", "64"]
+    """Run the evaluation; returns its ``summary.json`` plus the wall time."""
+    command = eval_command(
+        model,
+        output_dir,
+        tasks=tasks,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        concurrency=concurrency,
     )
-    with server:
-        server.wait_ready(timeout=600)
-        rows = asyncio.run(
-            _play(
-                server.base_url, tokenizer, seeds, temperature, max_tokens, concurrency, max_turns
-            )
-        )
-    if transcripts:
-        path = Path(transcripts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rewards = [float(r["reward"]) for r in rows]
-    return {
-        "model": str(model),
-        "tasks": len(rows),
-        "temperature": temperature,
-        "max_tokens": max_tokens,
-        "success": round(statistics.fmean(rewards), 4),
-        "tool_call_rate": round(statistics.fmean(float(r["used_tool"]) for r in rows), 4),
-        "turns_mean": round(statistics.fmean(r["num_turns"] for r in rows), 3),
-        "policy_tokens_mean": round(statistics.fmean(r["num_policy_tokens"] for r in rows), 1),
-        "truncated_frac": round(statistics.fmean(float(r["truncated"]) for r in rows), 4),
-        "wall_s": round(time.perf_counter() - start, 1),
-    }
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"areal_agents.eval failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    summary: dict[str, Any] = json.loads((Path(output_dir) / "summary.json").read_text())
+    summary["success"] = summary["mean_reward"]
+    summary["wall_s"] = round(time.perf_counter() - start, 1)
+    summary["temperature"] = temperature
+    summary["command"] = " ".join(command[1:])
+    return summary
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a model directory, default or tiny")
+    parser.add_argument("--model", required=True, help="a model directory")
+    parser.add_argument("--out", default="runs/cpu_quickstart/eval")
     parser.add_argument("--tasks", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--transcripts", default=None, help="write episodes here (JSONL)")
-    parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args(argv)
-    result = evaluate(
+    summary = evaluate(
         args.model,
+        args.out,
         tasks=args.tasks,
         temperature=args.temperature,
         max_tokens=args.max_tokens,
         concurrency=args.concurrency,
-        transcripts=args.transcripts,
     )
-    print(json.dumps(result))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    keys = ("success", "tool_calls_per_episode", "turns_per_episode", "episodes", "wall_s")
+    print(json.dumps({k: summary.get(k) for k in keys}))
+    return summary
 
 
 if __name__ == "__main__":
