@@ -85,7 +85,8 @@ def warm_start(
     torch.manual_seed(seed)
     source = resolve_model_dir(model)
     tokenizer = AutoTokenizer.from_pretrained(str(source))
-    policy = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(device)
     policy.train()
     seeds = warm_start_seeds(demos)
     direct = set(random.Random(seed + 1).sample(range(demos), round(direct_frac * demos)))
@@ -114,6 +115,7 @@ def warm_start(
             ids[i, :n] = torch.tensor(row_ids)
             attn[i, :n] = 1
             mask[i, :n] = torch.tensor(row_mask, dtype=torch.bool)
+        ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
         # the LM head only where a target token is trained (saves most of the logits' memory)
         hidden = policy.model(input_ids=ids, attention_mask=attn).last_hidden_state
         where = mask[:, 1:]  # predict token t+1 from position t
@@ -129,7 +131,7 @@ def warm_start(
     target = Path(out)
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(str(tmp), safe_serialization=True)
+    policy.to("cpu").save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
     template = source / "chat_template.jinja"
     if template.is_file():  # the project's tool template travels with the weights
