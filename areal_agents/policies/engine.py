@@ -179,8 +179,8 @@ class Engine:
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace the model's weights in place (all names and shapes checked first)."""
-        params: dict[str, torch.Tensor] = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        # state_dict names include tied aliases (lm_head.weight of a tied model), as trainers send.
+        params: dict[str, torch.Tensor] = dict(self.model.state_dict(keep_vars=True))
         problems = []
         for name, tensor in state.items():
             target = params.get(name)
@@ -219,11 +219,6 @@ class Engine:
         state: dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(str(f)))
-        # Checkpoints of models with tied embeddings may omit the output head.
-        if "lm_head.weight" in state and "lm_head.weight" not in dict(
-            self.model.named_parameters()
-        ):
-            state.pop("lm_head.weight")
         self.update_weights(state, version)
 
     def close(self) -> None:
