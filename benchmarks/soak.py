@@ -179,6 +179,12 @@ def main() -> int:
     root = psutil.Process(proc.pid)
     samples: list[dict[str, Any]] = []
     deadline = time.monotonic() + 60 * args.minutes
+
+    def stop_early(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop_early)
+    signal.signal(signal.SIGINT, stop_early)  # also when started in the background
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             samples.append(sample(root))
@@ -189,7 +195,10 @@ def main() -> int:
                 flush=True,
             )
             time.sleep(args.every)
+    except KeyboardInterrupt:
+        print("stopped early: summarising what was sampled", flush=True)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)  # the driver unwinds and closes everything
             try:

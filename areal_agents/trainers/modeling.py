@@ -2,7 +2,7 @@
 
 ``model=default`` is SmolLM2-135M-Instruct converted offline (``policies.model``). ``model=tiny``
 is a *randomly initialised* model with the same architecture family (Llama), the same
-tokenizer and chat template, but 2 layers of width 64 (~3.3 M parameters, mostly the
+tokenizer and chat template, but 2 layers of width 128 (~6.6 M parameters, mostly the
 embedding): it produces gibberish and exists so that tests of the training machinery (resume,
 FSDP equivalence, weight sync) run in seconds. It is saved once, with a fixed seed, next to the
 converted default model, so that the inference server can load it like any HF directory.
@@ -26,13 +26,13 @@ __all__ = ["TINY_MODEL_NAME", "ValueModel", "load_policy", "resolve_model_dir", 
 
 TINY_MODEL_NAME = "tiny-random-smollm2"
 _TINY_STAMP = "areal_tiny.json"
-_TINY_SHAPE = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
+_TINY_SHAPE = {  # head_dim 64 as in SmolLM2: vLLM's CPU attention supports no smaller one
+    "hidden_size": 128,
+    "intermediate_size": 256,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
 }
 
 
@@ -42,7 +42,7 @@ def tiny_model_path(seed: int = 0) -> Path:
 
     from areal_agents.policies.model import cache_root, default_model_path
 
-    target = cache_root() / f"{TINY_MODEL_NAME}-s{seed}"
+    target = cache_root() / f"{TINY_MODEL_NAME}-h{_TINY_SHAPE['hidden_size']}-s{seed}"
     if (target / _TINY_STAMP).is_file():
         return target
     source = default_model_path()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -155,7 +156,8 @@ class RolloutWorker:
         self.max_concurrent_groups = max_concurrent_groups
         self.worker_id = worker_id
         self._factory = env_factory or self._make_env
-        self._pool: list[gym.Env[Any, Any]] = []
+        self._pool: list[gym.Env[Any, Any]] = []  # idle environments, reused
+        self._envs: set[gym.Env[Any, Any]] = set()  # every open environment
         self._next_policy = 0
         self._stop = asyncio.Event()
         self.stats = WorkerStats()
@@ -199,13 +201,21 @@ class RolloutWorker:
         self._stop.set()
 
     def close(self) -> None:
-        """Close pooled environments (releases their sandboxes)."""
-        while self._pool:
-            env = self._pool.pop()
+        """Close every environment this worker made (releases their sandboxes), then the
+        docker backend's warm pool if it was used (the actor is killed, so no atexit runs)."""
+        self._pool.clear()
+        while self._envs:
+            env = self._envs.pop()
             try:
                 env.close()
             except Exception:  # closing is best effort; the sandbox backend reaps leftovers
                 logger.warning("closing an environment failed", exc_info=True)
+        pool = sys.modules.get("areal_agents.sandboxes.docker_pool")
+        if pool is not None:
+            try:
+                pool.shutdown_all()
+            except Exception:
+                logger.warning("shutting down the sandbox pool failed", exc_info=True)
 
     async def _group(self, ref: TaskRef, version: int) -> None:
         start = time.perf_counter()
@@ -241,6 +251,7 @@ class RolloutWorker:
                 logger.warning(
                     "task %d sample %d attempt %d: %s: %s", ref.index, sample, attempt, kind, e
                 )
+                self._envs.discard(env)
                 await asyncio.to_thread(_close_quietly, env)  # its sandbox may be broken
                 continue
             self._pool.append(env)
@@ -264,7 +275,9 @@ class RolloutWorker:
     async def _acquire(self) -> gym.Env[Any, Any]:
         if self._pool:
             return self._pool.pop()
-        return await asyncio.to_thread(self._factory)
+        env = await asyncio.to_thread(self._factory)
+        self._envs.add(env)
+        return env
 
 
 def _close_quietly(env: gym.Env[Any, Any]) -> None:

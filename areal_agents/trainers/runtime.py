@@ -48,6 +48,9 @@ def worker_env() -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONUNBUFFERED": "1",
+        # glibc's per-thread arenas keep freed activation memory resident; two arenas keep the
+        # learners' and workers' resident size close to what they use
+        "MALLOC_ARENA_MAX": "2",
     }
     for key in ("AREAL_CACHE_DIR", "AREAL_SANDBOX_IMAGE", "AREAL_VLLM_PYTHON", "PYTHONPATH"):
         if key in os.environ:
@@ -130,6 +133,23 @@ def save_config(cfg: TrainConfig, run_dir: Path) -> None:
     dump_yaml(cfg, run_dir / "config.yaml")
 
 
+def _vllm_version(base_url: str) -> Any:
+    """The served weight version of a vLLM server (its completions carry none).
+
+    Called right after each response; a weight update aborts the requests it interrupts, so a
+    response's tokens all come from the version current when it returns (short loopback call).
+    """
+    import httpx
+
+    root = base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+
+    def version() -> int:
+        value = str(httpx.get(f"{root}/weight_info", timeout=10.0).json().get("weight_version"))
+        return int(value) if value.isdigit() else 0
+
+    return version
+
+
 class RolloutWorkerActor:
     """A :class:`RolloutWorker` inside a Ray actor, talking to the buffer actor and servers."""
 
@@ -158,6 +178,7 @@ class RolloutWorkerActor:
                 temperature=inference.temperature,
                 top_p=inference.top_p,
                 timeout=inference.request_timeout_s,
+                version_source=_vllm_version(url) if inference.engine == "vllm" else None,
             )
             for url in base_urls
         ]

@@ -1,7 +1,7 @@
 """FSDP2 with 2 learner ranks gives the same update as 1 rank (gloo on CPU, ranks placed by Ray).
 
 Uses the tiny randomly initialised model (``model=tiny``: SmolLM2's architecture and tokenizer,
-2 layers of width 64) so that the check takes seconds. Gradient scale matters here: Adam's first
+2 layers of width 128) so that the check takes seconds. Gradient scale matters here: Adam's first
 step is nearly ``lr * sign(g)``, so the test compares the gradient norm (which a wrong loss
 scaling across ranks or micro-batches would change) as well as the parameters, over two steps,
 and also resumes a 2-rank checkpoint on 1 rank.
