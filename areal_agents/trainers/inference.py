@@ -175,6 +175,8 @@ class WeightSync:
         self.weights_dir = weights_dir
         self.last_push_s = 0.0
         self.served_versions: list[int] = []
+        #: extra seconds granted beyond the servers' own timeout before giving up on them
+        self.grace_s = 60.0
 
     def push(self, learners: Any, version: int) -> float:
         """Send version ``version`` to every server; returns the seconds it took."""
@@ -187,9 +189,10 @@ class WeightSync:
         else:
             state = learners.full_state()
             calls = [(s.update_weights_from_state_dict, state) for s in self.servers]
-        with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(len(calls), thread_name_prefix="push")
+        try:
             futures = [pool.submit(fn, arg, version, timeout) for fn, arg in calls]
-            done, pending = concurrent.futures.wait(futures, timeout=timeout + 60)
+            done, pending = concurrent.futures.wait(futures, timeout=timeout + self.grace_s)
             if pending:
                 raise WeightSyncError(
                     f"weight version {version}: {len(pending)} server(s) did not answer within "
@@ -201,6 +204,8 @@ class WeightSync:
                     if isinstance(error, WeightSyncError):
                         raise error
                     raise WeightSyncError(f"weight version {version}: {error}") from error
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # never wait on a stuck server
         served = [int(s.weight_version()) for s in self.servers]
         if any(v != version for v in served):
             raise WeightSyncError(f"pushed weight version {version} but the servers serve {served}")
