@@ -114,7 +114,7 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Values ``[B, T]``: ``V(prefix up to and including token t)``."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
-        return self.head(hidden.last_hidden_state).squeeze(-1)  # [B, T]
+        return self.head(hidden.last_hidden_state).squeeze(-1).clone()  # [B, T], not a view
 
     @property
     def layers(self) -> list[nn.Module]:
