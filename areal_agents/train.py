@@ -15,7 +15,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from areal_agents.errors import AgentsError
+from areal_agents.errors import AgentsError, ConfigError
 
 __all__ = ["main"]
 
@@ -49,8 +49,12 @@ def _describe(default: Any, prefix: str = "") -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
-    """Parse overrides, build the config (failing fast on bad keys) and train."""
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse overrides, build the config (failing fast on bad keys) and train.
+
+    Exit status: 0 when the run finished, 2 for a configuration error, 1 for another
+    :class:`~areal_agents.errors.AgentsError` (the message says which).
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     from areal_agents.config import load_config
     from areal_agents.trainers.config import TrainConfig
@@ -58,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
         print("\n".join(_describe(TrainConfig())))
-        return None
+        return
     try:
         cfg = load_config(TrainConfig, args)
     except AgentsError as e:
@@ -67,7 +71,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     from areal_agents.trainers.loop import train
 
     try:
-        return train(cfg)
+        train(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     except AgentsError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         raise SystemExit(1) from None
