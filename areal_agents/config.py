@@ -22,7 +22,6 @@ validation runs on the result, so a bad key or value fails at start-up with its 
 Root(steps=3, opt=Opt(lr=0.5, betas=(0.8, 0.9)))
 """
 
-
 import dataclasses
 import os
 import tempfile
