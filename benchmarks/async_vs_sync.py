@@ -14,6 +14,11 @@ and of the learner rank processes is read; a process that used less than ``--bus
 a core in the interval was idle. The learner's own record (``time/wait_s``: waiting for a batch)
 is printed next to it.
 
+The hardware split is the same for every setting: each process (inference server, learner rank,
+rollout worker) runs torch with ``--threads`` threads (default 1: on 2 cores, one core's worth
+for generation and one for learning; more threads per process than cores oversubscribe the
+machine and OpenMP threads spin against each other).
+
     python benchmarks/async_vs_sync.py --model runs/cpu_quickstart/warm_start \\
         --json benchmarks/results/async_vs_sync.json --plots benchmarks/plots
     python benchmarks/async_vs_sync.py --model tiny --steps 2 --staleness 0,2   # smoke run
@@ -175,7 +180,8 @@ def run_setting(args: argparse.Namespace, staleness: int) -> dict[str, Any]:
         shutil.rmtree(out_dir)
     command = [sys.executable, "-m", "areal_agents.train", *_overrides(args, staleness, out_dir)]
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
+    threads = str(args.threads)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     log_path = Path(args.out) / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -303,6 +309,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads per process (the hardware split)"
+    )
     parser.add_argument("--timeout-s", type=float, default=3600)
     parser.add_argument("--sample-s", type=float, default=0.5)
     parser.add_argument("--busy-threshold", type=float, default=0.10, help="share of a core")

@@ -5,7 +5,7 @@ structured tool calls) on the held-out tasks of :mod:`examples.cpu_quickstart.ta
 ``i`` is ``reset(seed=HELDOUT_SEED0 + i)``, seeds no warm-start demonstration uses and that the
 RL run is checked against. Temperature 1.0 samples as training does; 0 is greedy.
 
-    python -m examples.cpu_quickstart.evaluate --model runs/cpu_quickstart/warm_start --tasks 128
+    python -m examples.cpu_quickstart.evaluate --model runs/cpu_quickstart/warm_start --tasks 64
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def eval_command(
     model: str | Path,
     output_dir: str | Path,
     *,
-    tasks: int = 128,
+    tasks: int = 64,
     temperature: float = 1.0,
     max_tokens: int = 48,
     concurrency: int = 16,
@@ -59,7 +59,7 @@ def evaluate(
     model: str | Path,
     output_dir: str | Path,
     *,
-    tasks: int = 128,
+    tasks: int = 64,
     temperature: float = 1.0,
     max_tokens: int = 48,
     concurrency: int = 16,
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a model directory")
     parser.add_argument("--out", default="runs/cpu_quickstart/eval")
-    parser.add_argument("--tasks", type=int, default=128)
+    parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16)

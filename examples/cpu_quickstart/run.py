@@ -15,6 +15,10 @@
 
 Writes ``runs/cpu_quickstart/`` (models, runs, evaluations), a JSON of every figure and a PNG of
 reward vs time (``--json``, ``--plot``).
+
+Every process runs torch with one thread (``OMP_NUM_THREADS=1`` unless set): on a 2-core machine
+shared by a server, a learner and other jobs, two OpenMP threads per process spin against each
+other, and a generation request was measured 5-10x slower than with one.
 """
 
 from __future__ import annotations
@@ -147,13 +151,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--root", default="runs/cpu_quickstart")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--budget-s", type=float, default=900.0, help="training time per seed")
-    parser.add_argument("--eval-tasks", type=int, default=128)
+    parser.add_argument("--eval-tasks", type=int, default=64)
     parser.add_argument("--warm-steps", type=int, default=8)
     parser.add_argument("--warm-direct-frac", type=float, default=0.5)
     parser.add_argument("--json", default="benchmarks/results/cpu_quickstart.json")
     parser.add_argument("--plot", default="benchmarks/plots/cpu_quickstart_reward.png")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for the trainer")
     args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     from _common import machine_info, write_json
