@@ -86,6 +86,14 @@ def containers(owners: set[int] | None = None) -> int:
     return sum(1 for r in rows if len(r) > 1 and r[1].isdigit() and int(r[1]) in owners)
 
 
+def count_steps(metrics: Path) -> int:
+    """Steps trained so far (lines of the run's metrics.jsonl)."""
+    try:
+        return len(metrics.read_text().splitlines())
+    except OSError:
+        return 0
+
+
 def sample(root: psutil.Process) -> dict[str, Any]:
     """RSS by role (summed over processes of that role) and per process, plus containers."""
     procs = [root]
@@ -115,9 +123,14 @@ def sample(root: psutil.Process) -> dict[str, Any]:
     }
 
 
-def summarise(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
+def summarise(samples: list[dict[str, Any]], warmup_s: float, warmup_steps: int) -> dict[str, Any]:
+    """Peak and steady memory; "steady" starts once ``warmup_steps`` steps are trained (the
+    optimizer state exists, a checkpoint and a weight push have happened) and ``warmup_s``
+    have passed."""
     t0 = samples[0]["t"]
-    steady = [s for s in samples if s["t"] - t0 >= warmup_s] or samples[-1:]
+    steady = [
+        s for s in samples if s["t"] - t0 >= warmup_s and s["steps"] >= warmup_steps
+    ] or samples[-1:]
     third = max(1, len(steady) // 3)
     early, late = steady[:third], steady[-third:]
     pids = sorted({k for s in samples for k in s["pids"]})
@@ -138,6 +151,17 @@ def summarise(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
     total_late = statistics.fmean(s["total"] for s in late)
     counts = [s["containers"] for s in samples]
     return {
+        "warmup_ended_s": round(steady[0]["t"] - t0),
+        "series": [
+            {
+                "t": round(s["t"] - t0),
+                "steps": s["steps"],
+                "total_gb": round(s["total"] / GB, 3),
+                "roles_mb": {k: round(v / MB) for k, v in s["roles"].items()},
+                "containers": s["containers"],
+            }
+            for s in samples
+        ],
         "per_process": per_process,
         "peak_total_gb": max(s["total"] for s in samples) / GB,
         "steady_total_gb": total_late / GB,
@@ -153,7 +177,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--every", type=float, default=10.0, help="seconds between samples")
-    parser.add_argument("--warmup", type=float, default=300.0, help="seconds before steady")
+    parser.add_argument("--warmup", type=float, default=120.0, help="seconds before steady")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="steps before steady")
     parser.add_argument("--output-dir", default=None, help="run directory (default: a new one)")
     parser.add_argument("--json", default=str(RESULTS / "soak.json"))
     parser.add_argument("overrides", nargs="*", help="config overrides after --")
@@ -189,9 +214,11 @@ def main() -> int:
         while time.monotonic() < deadline and proc.poll() is None:
             samples.append(sample(root))
             s = samples[-1]
+            s["steps"] = count_steps(Path(out) / "metrics.jsonl")
             print(
                 f"{s['t'] - samples[0]['t']:7.0f}s  total {s['total'] / GB:5.2f} GB  "
-                f"containers {s['containers']:3d}  processes {len(s['pids'])}",
+                f"containers {s['containers']:3d}  processes {len(s['pids'])}  "
+                f"steps {s['steps']}",
                 flush=True,
             )
             time.sleep(args.every)
@@ -212,17 +239,19 @@ def main() -> int:
     if proc.returncode not in (0, 128 + signal.SIGTERM, -signal.SIGTERM) and len(samples) < 3:
         print(f"the run failed (exit {proc.returncode}); see {out}.log")
         return 1
-    result = summarise(samples, min(args.warmup, 60 * args.minutes / 3))
+    result = summarise(samples, min(args.warmup, 60 * args.minutes / 3), args.warmup_steps)
     result["containers_after_run"] = left
-    metrics = Path(out) / "metrics.jsonl"
-    steps = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+    steps = count_steps(Path(out) / "metrics.jsonl")
     result["steps"] = steps
     print(f"\n{'process':45s} {'peak MB':>9s} {'steady MB':>10s} {'growth':>8s}")
     for name, row in sorted(result["per_process"].items(), key=lambda kv: -kv[1]["peak_mb"]):
         print(
             f"{name:45s} {row['peak_mb']:9.0f} {row['steady_mb']:10.0f} {row['growth_pct']:7.1f}%"
         )
-    print(f"\nsteps trained: {steps} in {args.minutes:.0f} min")
+    print(
+        f"\nsteps trained: {steps} in {args.minutes:.0f} min; steady state from "
+        f"{result['warmup_ended_s']} s (after {args.warmup_steps} steps)"
+    )
     print(
         f"whole run: peak {result['peak_total_gb']:.2f} GB, steady {result['steady_total_gb']:.2f}"
         f" GB, growth after warm-up {result['growth_after_warmup_pct']:+.1f}%"

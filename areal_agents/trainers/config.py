@@ -119,7 +119,7 @@ class TrainerConfig:
     """Learning-rate decay after warm-up (to 0 at ``total_steps``)."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold (0 disables clipping)."""
-    micro_batch_tokens: int = 1024
+    micro_batch_tokens: int = 512
     """Token budget of one forward/backward micro-batch (gradients accumulate across them)."""
     ppo_epochs: int = 1
     """Passes over each batch."""
