@@ -52,7 +52,15 @@ def worker_env() -> dict[str, str]:
         # learners' and workers' resident size close to what they use
         "MALLOC_ARENA_MAX": "2",
     }
-    for key in ("AREAL_CACHE_DIR", "AREAL_SANDBOX_IMAGE", "AREAL_VLLM_PYTHON", "PYTHONPATH"):
+    passed = (
+        "AREAL_CACHE_DIR",
+        "AREAL_SANDBOX_IMAGE",
+        "AREAL_VLLM_PYTHON",
+        "PYTHONPATH",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+    )
+    for key in passed:
         if key in os.environ:
             env[key] = os.environ[key]
     return env
