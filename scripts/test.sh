@@ -9,7 +9,7 @@ bash scripts/services.sh
 .venv/bin/mypy
 export AREAL_REQUIRE_RESOURCES=1
 set +e
-.venv/bin/python -m pytest --doctest-modules areal_agents tests "$@"
+.venv/bin/python -m pytest --doctest-modules --durations=30 areal_agents tests "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi
