@@ -3,8 +3,8 @@
 Real agent episodes are short for most tasks and long for some. ``LongTailCalculator`` makes
 that shape controllable: a task is a dialogue of ``k`` arithmetic questions asked one after the
 other, each answered with a calculator call and a ``\\boxed{}`` answer (two assistant turns per
-question). ``k`` is drawn per task from ``rounds``/``weights`` — by default 1 (half the tasks),
-2, 4 or 12 (one task in ten) — so the longest episodes are ~4x the mean. The reward is the
+question). ``k`` is drawn per task from ``rounds``/``weights`` — by default 1 (55% of the tasks),
+2 (25%), 4 or 8 (10% each) — so the longest episodes are ~3.6x the mean. The reward is the
 fraction of questions answered correctly.
 
 It is registered as ``benchmarks.workloads:LongTailCalculator-v0``: Gymnasium imports this
@@ -34,8 +34,8 @@ class LongTailCalculator(CalculatorEnv):
     def __init__(
         self,
         *,
-        rounds: Sequence[int] = (1, 2, 4, 12),
-        weights: Sequence[float] = (0.5, 0.25, 0.15, 0.10),
+        rounds: Sequence[int] = (1, 2, 4, 8),
+        weights: Sequence[float] = (0.55, 0.25, 0.10, 0.10),
         **kwargs: Any,
     ) -> None:
         if len(rounds) != len(weights) or min(rounds) < 1:

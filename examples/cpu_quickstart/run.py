@@ -7,11 +7,12 @@
    calculator demonstrations (once; reused by every seed).
 2. Held-out evaluation of the warm-started model with ``python -m areal_agents.eval``.
 3. Per seed: ``python -m areal_agents.train config=examples/cpu_quickstart/config.yaml
-   model=<warm start> trainer.seed=<seed>``, stopped after the step that crosses the time budget
-   (``--budget-s``, 900 s of training by default; the steps are counted from the trainer's own
-   clock, which starts once the server and learner are up).
-4. The final weights (the last version pushed to the inference server) are evaluated on the same
-   held-out tasks; the tasks the run trained on are checked against the held-out ones.
+   model=<warm start> trainer.seed=<seed>``, stopped once the time budget is spent
+   (``--budget-s``, 900 s of training by default, on the trainer's own clock, which starts once
+   the server and learner are up).
+4. The weights of the last step that ended within the budget (as pushed to the inference server)
+   are evaluated on the same held-out tasks; the tasks the run trained on are checked against
+   the held-out ones.
 
 Writes ``runs/cpu_quickstart/`` (models, runs, evaluations), a JSON of every figure and a PNG of
 reward vs time (``--json``, ``--plot``).
@@ -60,7 +61,8 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 def train_for(
     model: Path, run_dir: Path, seed: int, budget_s: float, extra: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """Train from ``model`` until the step that crosses ``budget_s``; returns the figures."""
+    """Train from ``model`` for ``budget_s`` of training time; returns the figures and the
+    weights of the last step that ended within the budget (``final_model``)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     command = [
@@ -76,15 +78,30 @@ def train_for(
     run_dir.mkdir(parents=True)
     started = time.perf_counter()
     metrics = run_dir / "metrics.jsonl"
+    kept = run_dir / "within_budget"  # the weights of the last step that ended within budget
+    kept_step, loop_start, stopped = 0, None, False
     with (run_dir / "train.log").open("wb") as log:
         proc = subprocess.Popen(
             command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        stopped = False
         while proc.poll() is None:
             time.sleep(2)
             rows = _rows(metrics)
-            if rows and float(rows[-1]["time/elapsed_s"]) >= budget_s and not stopped:
+            if rows and loop_start is None:
+                loop_start = time.monotonic() - float(rows[-1]["time/elapsed_s"])
+            for row in rows:
+                step = int(row["step"])
+                if step > kept_step and float(row["time/elapsed_s"]) <= budget_s:
+                    # version `step` was pushed before its line was written, and it is deleted
+                    # only after the next push: copy it now
+                    shutil.rmtree(kept, ignore_errors=True)
+                    try:
+                        shutil.copytree(run_dir / "weights" / f"v{step:06d}", kept)
+                    except (FileNotFoundError, shutil.Error):  # already replaced: skip it
+                        continue
+                    kept_step = step
+            over = loop_start is not None and time.monotonic() - loop_start > budget_s
+            if over and not stopped:
                 os.killpg(proc.pid, signal.SIGTERM)  # the trainer shuts its servers down
                 stopped = True
                 try:
@@ -92,16 +109,15 @@ def train_for(
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
         code = proc.wait()
-    rows = _rows(metrics)
+    rows = [r for r in _rows(metrics) if int(r["step"]) <= kept_step]
     if not rows:
         tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"training recorded no step (exit {code}):\n{tail}")
-    last = int(rows[-1]["step"])
-    weights = run_dir / "weights" / f"v{last:06d}"
+        raise RuntimeError(f"no training step ended within {budget_s} s (exit {code}):\n{tail}")
+    last = kept_step
     final = run_dir / "final_model"
     shutil.rmtree(final, ignore_errors=True)
     shutil.copytree(model, final)  # tokenizer, template, config
-    shutil.copy(weights / "model.safetensors", final / "model.safetensors")
+    shutil.copy(kept / "model.safetensors", final / "model.safetensors")
     return {
         "seed": seed,
         "steps": last,
@@ -178,8 +194,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print("evaluating the warm-started model on held-out tasks ...", flush=True)
         result["eval_before"] = evaluate(warm, before_dir, tasks=args.eval_tasks)
     print(f"held-out success before RL: {result['eval_before']['success']:.3f}", flush=True)
+    seeds = [int(s) for s in args.seeds.split(",") if s]
     result["runs"] = []
-    for seed in [int(s) for s in args.seeds.split(",") if s]:
+    previous = Path(args.json)
+    if previous.is_file():  # keep the runs of other seeds measured before (same warm start)
+        old = json.loads(previous.read_text())
+        if old.get("warm_start") == result["warm_start"]:
+            result["runs"] = [r for r in old.get("runs", []) if r["seed"] not in seeds]
+    for seed in seeds:
         print(f"seed {seed}: RL for {args.budget_s:.0f} s of training ...", flush=True)
         run = train_for(warm, root / f"rl_seed{seed}", seed, args.budget_s, args.extra)
         run["eval_after"] = evaluate(
