@@ -179,8 +179,11 @@ def test_setsid_daemon_does_not_survive_the_call(new_sandbox: Make):
             "        open('/work/alive', 'w').close()\n"
             "        while True: time.sleep(0.05); open('/work/alive', 'a').write('x')\n"
             "    os._exit(0)\n"
-            "time.sleep(0.3)\n",
-            timeout=3,
+            "deadline = time.time() + 3\n"  # wait for the daemon, however busy the machine
+            "while not os.path.exists('/work/alive') and time.time() < deadline:\n"
+            "    time.sleep(0.02)\n"
+            "time.sleep(0.2)\n",
+            timeout=5,
         )
         size_then = len(sb.read_file("alive"))
         check = sb.run("sleep 0.4; wc -c < /work/alive", timeout=5)
