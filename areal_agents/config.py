@@ -169,6 +169,11 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:
         if key not in hints or key not in names:
             raise ConfigError(f"unknown config key {path!r}" + did_you_mean(str(key), names))
         kwargs[key] = _coerce(value, hints[key], path)
+    return _construct(cls, kwargs, prefix)
+
+
+def _construct(cls: type[T], kwargs: dict[str, Any], prefix: str) -> T:
+    """``cls(**kwargs)``, with its own validation errors turned into named ConfigErrors."""
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -249,12 +254,7 @@ def _build(cls: type[T], tree: Mapping[str, Any], prefix: str) -> T:
             kwargs[name] = _build(tp, value, path)
         else:
             kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+    return _construct(cls, kwargs, prefix)
 
 
 def load_config(cls: type[T], argv: Sequence[str] = ()) -> T:
