@@ -137,7 +137,7 @@ class Monitor(threading.Thread):
         window = [s for s in self.samples if start <= s["t"] <= end]
         out: dict[str, float | None] = {}
         for role in ("generation", "learning"):
-            seen = [s.get(role) for s in window if role in s]
+            seen = [float(s[role]) for s in window if role in s]
             out[role] = (
                 round(sum(1 for v in seen if v < self.threshold) / len(seen), 3) if seen else None
             )
