@@ -8,35 +8,23 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 
-from areal_agents.errors import EndpointError, WeightSyncError
+from areal_agents.errors import WeightSyncError
+from areal_agents.policies.process import ServerProcess, free_port, probe_health, send_request
 from areal_agents.policies.weight_sync import state_dict_to_bytes
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["BuiltinServer", "BuiltinServerClient", "free_port"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:
@@ -56,12 +44,7 @@ class BuiltinServerClient:
         self.root_url = root
 
     def _post(self, route: str, timeout: float, **kwargs: Any) -> dict[str, Any]:
-        try:
-            response = httpx.post(f"{self.root_url}{route}", timeout=timeout, **kwargs)
-        except httpx.TimeoutException:
-            raise WeightSyncError(f"{route} did not answer within {timeout:.0f} s") from None
-        except httpx.HTTPError as e:
-            raise WeightSyncError(f"{route} failed: {type(e).__name__}: {e}") from None
+        response = send_request("POST", self.root_url, route, timeout, **kwargs)
         if response.status_code != 200:
             try:
                 message = response.json()["error"]["message"]
@@ -105,13 +88,10 @@ class BuiltinServerClient:
         self._post("/resume", timeout)
 
     def is_healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.root_url}/health", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return probe_health(self.root_url)
 
 
-class BuiltinServer(BuiltinServerClient):
+class BuiltinServer(BuiltinServerClient, ServerProcess):
     """``python -m areal_agents.policies.serve`` as a child process (on 127.0.0.1 by default).
 
     Args:
@@ -125,6 +105,11 @@ class BuiltinServer(BuiltinServerClient):
             exits (so a ``kill -9`` of a trainer leaves no orphan server); call ``start`` from
             a thread that lives as long as the server, e.g. the main thread.
     """
+
+    display_name = "the built-in server"
+    poll_interval_s = 0.25
+    log_prefix = "areal-serve-"
+    log_tail_on_timeout = False
 
     def __init__(
         self,
@@ -156,11 +141,9 @@ class BuiltinServer(BuiltinServerClient):
         self._log: IO[bytes] | None = None
         super().__init__(f"http://{host}:{self.port}/v1")
 
-    def start(self) -> BuiltinServer:
-        """Start the server process (returns at once; see :meth:`wait_ready`)."""
-        if self.process is not None:
-            return self
-        command = [
+    def command(self) -> list[str]:
+        """The command line that starts the server."""
+        return [
             sys.executable,
             "-m",
             "areal_agents.policies.serve",
@@ -178,70 +161,7 @@ class BuiltinServer(BuiltinServerClient):
             self.device,
             *self.extra_args,
         ]
-        if self.log_path is None:
-            fd, name = tempfile.mkstemp(prefix="areal-serve-", suffix=".log")
-            self._log = os.fdopen(fd, "ab")
-            self.log_path = Path(name)
-        else:
-            self._log = self.log_path.open("ab")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        self.process = subprocess.Popen(
-            command,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent else None,
-        )
-        return self
 
-    def log_tail(self, chars: int = 3000) -> str:
-        """The end of the server's log (for error messages)."""
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def wait_ready(self, timeout: float = 180.0) -> BuiltinServer:
-        """Block until ``/health`` answers; raise :class:`EndpointError` if it dies or times out."""
-        if self.process is None:
-            self.start()
-        assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise EndpointError(
-                    f"the built-in server exited with code {self.process.returncode}:\n"
-                    + self.log_tail()
-                )
-            if self.is_healthy():
-                return self
-            time.sleep(0.25)
-        self.stop()
-        raise EndpointError(f"the built-in server was not ready within {timeout:.0f} s")
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Terminate the server process (SIGTERM, then SIGKILL)."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=timeout)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> BuiltinServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def preexec_fn(self) -> Callable[[], None] | None:
+        """:func:`_die_with_parent` when ``die_with_parent`` is set."""
+        return _die_with_parent if self.die_with_parent else None

@@ -19,23 +19,19 @@ driven from here yet). Every call has a timeout and raises
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Self
 
-import httpx
-
-from areal_agents.errors import DependencyError, EndpointError, WeightSyncError
+from areal_agents.errors import DependencyError, WeightSyncError
 from areal_agents.policies.model import DEFAULT_MODEL_NAME, resolve_model
-from areal_agents.policies.server import free_port
+from areal_agents.policies.process import ServerProcess, free_port, send_request
 from areal_agents.policies.templates import TOOL_TEMPLATE_PATH
 from areal_agents.policies.weight_sync import check_shapes, checkpoint_shapes
 
@@ -75,7 +71,7 @@ def _template_has_tools(model_dir: Path) -> bool:
     return any("tools" in t for t in texts)
 
 
-class VLLMServer:
+class VLLMServer(ServerProcess):
     """A vLLM OpenAI server in a child process on 127.0.0.1 (by default).
 
     Args:
@@ -85,6 +81,11 @@ class VLLMServer:
         extra_args: more vLLM flags (``["--gpu-memory-utilization", "0.5"]``).
         python: the interpreter with vLLM (default: :func:`vllm_python`).
     """
+
+    display_name = "vLLM"
+    poll_interval_s = 1.0
+    log_prefix = "areal-vllm-"
+    log_tail_on_timeout = True
 
     def __init__(
         self,
@@ -152,93 +153,33 @@ class VLLMServer:
             command.append("--enforce-eager")
         return command + self.extra_args
 
-    def start(self) -> VLLMServer:
-        """Start the server process (returns at once; see :meth:`wait_ready`)."""
-        if self.process is not None:
-            return self
+    def environment(self) -> dict[str, str]:
+        """Offline, no usage stats, vLLM's dev-mode RL routes on, a small CPU KV cache."""
         env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
+            **super().environment(),
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "VLLM_SERVER_DEV_MODE": "1",
         }
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        if self.log_path is None:
-            fd, name = tempfile.mkstemp(prefix="areal-vllm-", suffix=".log")
-            self._log = os.fdopen(fd, "ab")
-            self.log_path = Path(name)
-        else:
-            self._log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        return self
+        return env
 
     def log_tail(self, chars: int = 4000) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-chars:]
+        """The end of vLLM's log (for error messages)."""
+        return super().log_tail(chars)
 
-    def is_healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.root_url}/health", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def wait_ready(self, timeout: float = 300.0) -> VLLMServer:
+    def wait_ready(self, timeout: float = 300.0) -> Self:
         """Block until ``/health`` answers (vLLM needs about a minute on a CPU)."""
-        if self.process is None:
-            self.start()
-        assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise EndpointError(
-                    f"vLLM exited with code {self.process.returncode}:\n{self.log_tail()}"
-                )
-            if self.is_healthy():
-                return self
-            time.sleep(1.0)
-        self.stop()
-        raise EndpointError(f"vLLM was not ready within {timeout:.0f} s:\n{self.log_tail()}")
+        return super().wait_ready(timeout)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Terminate the server and its engine processes (SIGTERM, then SIGKILL)."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=timeout)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> VLLMServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().stop(timeout)
 
     # ---- weight sync ---------------------------------------------------------------------
 
     def _request(self, method: str, route: str, timeout: float, **kwargs: Any) -> Any:
-        try:
-            response = httpx.request(method, f"{self.root_url}{route}", timeout=timeout, **kwargs)
-        except httpx.TimeoutException:
-            raise WeightSyncError(f"vLLM {route} did not answer within {timeout:.0f} s") from None
-        except httpx.HTTPError as e:
-            raise WeightSyncError(f"vLLM {route} failed: {type(e).__name__}: {e}") from None
+        response = send_request(method, self.root_url, route, timeout, label="vLLM ", **kwargs)
         if response.status_code == 404:
             raise WeightSyncError(
                 f"vLLM has no {route} route: it needs VLLM_SERVER_DEV_MODE=1 (the launcher sets it)"
