@@ -248,6 +248,17 @@ def summarize(metrics_path: Path, monitor: Monitor | None = None) -> dict[str, A
         "train_s": round(sum(float(r["time/train_s"]) for r in rows), 1),
         "sync_s": round(sum(float(r["time/sync_s"]) for r in rows), 1),
         "turns_mean": round(statistics.fmean(float(r["episode/turns_mean"]) for r in rows), 2),
+        # after the first step: no start-up (the first batch is generated from nothing in every
+        # mode), but async steps may still drain a backlog generated during the first one
+        "after_first_tokens_per_s": (
+            round(
+                sum(int(r["tokens/policy"]) for r in rows[1:])
+                / max(elapsed - float(rows[0]["time/elapsed_s"]), 1e-9),
+                2,
+            )
+            if len(rows) > 1
+            else None
+        ),
         "curve": [
             [round(float(r["time/elapsed_s"]), 1), round(float(r["reward/mean"]), 4)] for r in rows
         ],
@@ -336,11 +347,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     header = (
         f"{'setting':10s} {'tok/s':>8s} {'samples/s':>9s} {'gen idle':>8s} {'learn idle':>10s}"
         f" {'(wait)':>7s} {'stale':>6s} {'reward':>7s} {'vs sync':>8s} {'wall s':>7s}"
+        f" {'after step 1':>13s}"
     )
     print(header)
     for r in runs:
         if base and r.get("tokens_per_s"):
             r["ratio_vs_sync"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
+            if r.get("after_first_tokens_per_s") and base.get("after_first_tokens_per_s"):
+                r["after_first_ratio_vs_sync"] = round(
+                    r["after_first_tokens_per_s"] / base["after_first_tokens_per_s"], 3
+                )
             r["reward_vs_sync"] = round(r["reward_final"] - base["reward_final"], 4)
         if not r.get("steps"):
             print(f"{r['setting']:10s} no steps recorded (exit {r.get('exit_code')})")
@@ -351,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f" {_pct(r.get('learner_wait_frac')):>7s} {r['staleness_mean']:6.2f}"
             f" {r['reward_final']:7.3f} {r.get('ratio_vs_sync', float('nan')):7.2f}x"
             f" {r['elapsed_s']:7.1f}"
+            f" {r.get('after_first_ratio_vs_sync', float('nan')):12.2f}x"
         )
     result["runs"] = runs
     if args.plots:

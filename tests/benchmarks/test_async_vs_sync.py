@@ -33,6 +33,7 @@ def test_summarize_derives_throughput_staleness_and_final_reward(tmp_path: Path)
     assert s["reward_final"] == pytest.approx(1.0)  # the last third of the steps
     assert s["learner_wait_frac"] == pytest.approx(3.0 / 20.0)
     assert s["curve"][-1] == [20.0, 1.0]
+    assert s["after_first_tokens_per_s"] == pytest.approx(200 / 10.0)
 
 
 def test_idle_fractions_count_samples_under_the_threshold(tmp_path: Path) -> None:
