@@ -89,7 +89,12 @@ def test_resume_refuses_a_different_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     steps = 6
-    common = [*TINY, f"trainer.total_steps={steps}", "trainer.max_staleness=1"]
+    common = [
+        *TINY,
+        f"trainer.total_steps={steps}",
+        "trainer.max_staleness=1",
+        "trainer.batch_order=admission",  # batches independent of episode timing
+    ]
     reference, killed = tmp_path / "reference", tmp_path / "killed"
 
     proc = run([*common, f"output_dir={reference}"])

@@ -1,18 +1,32 @@
-"""The trajectory buffer: admission under a staleness bound, and batches in admission order.
+"""The trajectory buffer: admission under a staleness bound; batches of complete groups.
 
 Rollout workers ask :meth:`TrajectoryBuffer.admit` for tasks and hand back whole groups with
 :meth:`TrajectoryBuffer.complete`; the learner takes :meth:`TrajectoryBuffer.pop_batch`.
 
 **Staleness bound** (as in AReaL). With ``G`` groups per training step, weights of version ``v``
 on the inference servers and bound ``max_staleness`` (``η``), a new task is admitted only while
-``trained + in_flight + ready < (v + η + 1) * G``. A group admitted under version ``v`` sits at
-a position below ``(v + η + 1) * G``, so it is trained at step ``v + η`` at the latest: no token
-is more than ``η`` versions older than the weights it trains. ``η = 0`` is synchronous training
-(nothing is admitted while the learner works). Dropped and filtered groups release their slot.
+``trained + in_flight + ready < (v + η + 1) * G``. Step ``s`` (0-based: it trains weights of
+version ``s`` and pushes version ``s + 1``) is the one with ``trained = s * G``, so a group
+admitted under version ``v`` has a *deadline*: it must be trained at step ``v + η`` at the
+latest, and then no token is more than ``η`` versions older than the weights it trains.
+``η = 0`` is synchronous training (nothing is admitted while the learner works). Dropped and
+filtered groups release their slot.
 
-**Order**: a batch is always the ``G`` oldest admitted groups that are still usable, taken only
-once every one of them is complete. Batches therefore do not depend on which episode finished
-first, which is what makes a resumed run train exactly the same groups as an uninterrupted one.
+**Order** (``batch_order``):
+
+- ``"admission"``: a batch is always the ``G`` oldest admitted groups that are still usable,
+  taken only once every one of them is complete. Batches then do not depend on which episode
+  finished first, so a resumed run trains exactly the same groups as an uninterrupted one.
+- ``"ready"`` (the default): a batch is the ``G`` oldest *complete* groups, so one long episode
+  does not hold back groups that finished after it — provided every group left waiting can
+  still meet its deadline. The check: sort the deadlines of all groups left pending (in
+  flight, complete but not taken, and tasks to redo after a resume, whose deadline is the
+  current version + ``η``) as ``d_0 <= d_1 <= ...``; later batches filled earliest deadline
+  first train group ``i`` at step ``s + 1 + i // G``, which must be ``<= d_i`` for every ``i``.
+  When that fails, the batch is the ``G`` groups with the earliest deadlines (without a resume,
+  the ``G`` oldest: the admission-order rule), taken once all are complete. New admissions
+  always fit (their deadline is the latest and the admission bound leaves a slot for them), so
+  the bound stays strict; with ``η = 0`` both orders are the same.
 
 The class is plain Python (tests use it directly); the trainer wraps it as a Ray actor.
 
@@ -28,13 +42,22 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.data import TaskRef, TaskStream
 from areal_agents.types import Trajectory
 
-__all__ = ["Group", "TrajectoryBuffer", "trajectory_from_dict", "trajectory_to_dict"]
+__all__ = [
+    "BatchOrder",
+    "Group",
+    "TrajectoryBuffer",
+    "trajectory_from_dict",
+    "trajectory_to_dict",
+]
+
+BatchOrder = Literal["ready", "admission"]
+"""How :meth:`TrajectoryBuffer.pop_batch` chooses a batch (see the module docstring)."""
 
 
 @dataclass
@@ -109,13 +132,15 @@ def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
 
 
 class TrajectoryBuffer:
-    """Staleness-bounded, order-preserving store of completed groups.
+    """Staleness-bounded store of completed groups.
 
     Args:
         groups_per_step: tasks (groups) in one training batch.
         max_staleness: how many versions behind the trained weights a token may be.
         data_seed: seed of the task stream.
         dynamic_filter: drop groups whose rewards are all equal (no learning signal).
+        batch_order: ``"ready"`` (complete groups first, within every group's deadline) or
+            ``"admission"`` (strict admission order: reproducible batches).
     """
 
     def __init__(
@@ -125,11 +150,15 @@ class TrajectoryBuffer:
         *,
         data_seed: int = 0,
         dynamic_filter: bool = False,
+        batch_order: BatchOrder = "ready",
     ) -> None:
         if groups_per_step < 1:
             raise ConfigError(f"groups_per_step={groups_per_step}: must be at least 1")
         if max_staleness < 0:
             raise ConfigError(f"max_staleness={max_staleness}: must be 0 or more")
+        if batch_order not in ("ready", "admission"):
+            raise ConfigError(f"batch_order={batch_order!r}: choose 'ready' or 'admission'")
+        self.batch_order = batch_order
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
         self.dynamic_filter = dynamic_filter
@@ -145,6 +174,7 @@ class TrajectoryBuffer:
             "dropped_groups": 0,
             "filtered_groups": 0,
             "admitted_groups": 0,
+            "reordered_batches": 0,  # batches that passed over an older, unfinished group
         }
 
     # ---- admission -------------------------------------------------------------------------
@@ -208,12 +238,47 @@ class TrajectoryBuffer:
         return sorted([*self._inflight, *self._ready, *redo])
 
     def pop_batch(self) -> list[Group] | None:
-        """The next batch (the oldest ``G`` usable groups) once all are complete, else None."""
-        head = self.pending()[: self.groups_per_step]
-        if len(head) < self.groups_per_step or any(i not in self._ready for i in head):
+        """The next batch of ``G`` complete groups, or None while it is not there yet.
+
+        ``admission`` order: the oldest ``G`` pending groups once all are complete. ``ready``
+        order: the oldest ``G`` complete groups when every group left waiting can still be
+        trained by its deadline, else the ``G`` most urgent once complete (module docstring).
+        """
+        g = self.groups_per_step
+        deadlines = self.deadlines()
+        if self.batch_order == "admission":
+            head = self.pending()[:g]
+        else:
+            urgent = sorted(deadlines, key=lambda i: (deadlines[i], i))
+            head = [i for i in urgent if i in self._ready][:g]
+            if len(head) < g or not self._feasible(deadlines, set(head)):
+                head = urgent[:g]
+        if len(head) < g or any(i not in self._ready for i in head):
             return None
-        self.trained_groups += self.groups_per_step
+        if head != self.pending()[:g]:
+            self.counters["reordered_batches"] += 1
+        self.trained_groups += g
         return [self._ready.pop(i) for i in head]
+
+    def deadlines(self) -> dict[int, int]:
+        """The last step allowed to train each pending group (its admitted version + ``η``).
+
+        Tasks to redo after a resume count as admitted now (they start under this version or
+        a later one). Step ``s`` is the one with ``trained_groups == s * G``.
+        """
+        eta = self.max_staleness
+        out = {i: version + eta for i, (_, version) in self._inflight.items()}
+        out.update({i: group.admitted_version + eta for i, group in self._ready.items()})
+        out.update({ref.index: self.version + eta for ref in self._redo})
+        return out
+
+    def _feasible(self, deadlines: Mapping[int, int], taken: set[int]) -> bool:
+        """Whether every group but ``taken`` still meets its deadline after this step, with
+        the later batches filled earliest deadline first."""
+        g = self.groups_per_step
+        first = self.trained_groups // g + 1  # the step after the one being filled
+        rest = sorted(d for i, d in deadlines.items() if i not in taken)
+        return all(first + k // g <= d for k, d in enumerate(rest))
 
     def set_version(self, version: int) -> None:
         """Record the weight version now served by every inference server."""

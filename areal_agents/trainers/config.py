@@ -107,6 +107,12 @@ class TrainerConfig:
     """Optimizer steps (= weight versions) of the run."""
     groups_per_step: int = 2
     """Tasks per training batch (each contributes ``env.group_size`` episodes)."""
+    batch_order: Literal["ready", "admission"] = "ready"
+    """Which complete groups form a batch. ``ready``: the oldest complete ones, so a long
+    episode does not hold back groups that finished after it (only while every waiting group
+    can still be trained within ``max_staleness``); ``admission``: strictly the oldest admitted
+    ones, waiting for all of them — batches do not depend on episode timing (reproducible,
+    e.g. a resumed run trains exactly the batches of an uninterrupted one)."""
     lr: float = 1e-6
     """Peak learning rate of AdamW."""
     weight_decay: float = 0.0
@@ -171,6 +177,10 @@ class TrainerConfig:
             )
         if self.checkpoint_every < 0 or self.keep_checkpoints < 1:
             raise ConfigError("trainer.checkpoint_every >= 0 and trainer.keep_checkpoints >= 1")
+        if self.batch_order not in ("ready", "admission"):
+            raise ConfigError(
+                f"trainer.batch_order={self.batch_order!r}: choose ready or admission"
+            )
 
     @property
     def concurrent_groups(self) -> int:

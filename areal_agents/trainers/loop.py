@@ -4,7 +4,7 @@ Rollout workers (Ray actors) keep generating in the background: they take tasks 
 buffer, which admits work only while it can still be trained within ``max_staleness`` versions.
 The driver loop below repeats::
 
-    batch   = the oldest complete groups in the buffer        (generation happened meanwhile)
+    batch   = complete groups from the buffer, oldest first   (generation happened meanwhile)
     metrics = learners.train_step(batch)                      (advantages, loss, optimizer step)
     push weights version `step` to every inference server     (in-flight episodes continue)
     record metrics, transcripts; checkpoint every N steps
@@ -89,6 +89,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 cfg.trainer.staleness,
                 data_seed=cfg.trainer.seed,
                 dynamic_filter=cfg.trainer.dynamic_filter or cfg.algo.dynamic_sampling,
+                batch_order=cfg.trainer.batch_order,
             )
         )
         learners = LearnerGroup(cfg, model_dir)

@@ -1,0 +1,19 @@
+"""Validation of the trainer's configuration keys (the keys themselves are used elsewhere)."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_agents.config import load_config
+from areal_agents.errors import ConfigError
+from areal_agents.trainers.config import TrainConfig, TrainerConfig
+
+
+def test_batch_order_defaults_to_ready_and_is_checked() -> None:
+    assert TrainerConfig().batch_order == "ready"
+    cfg = load_config(TrainConfig, ["trainer.batch_order=admission"])
+    assert cfg.trainer.batch_order == "admission"
+    with pytest.raises(ConfigError, match="batch_order"):
+        load_config(TrainConfig, ["trainer.batch_order=newest"])
+    with pytest.raises(ConfigError, match="batch_order"):
+        TrainerConfig(batch_order="newest")  # type: ignore[arg-type]
