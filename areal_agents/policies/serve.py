@@ -2,16 +2,91 @@
 
 Serves a transformers causal LM (the offline default SmolLM2-135M-Instruct unless ``--model``
 names another local HF directory) on CPU or GPU, bound to 127.0.0.1 unless told otherwise.
+
+Shutdown is prompt: on SIGTERM or SIGINT the engine is closed at once (the running batch ends
+at its next decoding step with ``finish_reason="abort"``, queued requests fail), uvicorn gets
+``--shutdown-grace-s`` seconds to answer what is in flight, and a watchdog ends the process
+if it is still alive a few seconds after that. With ``--parent-pid PID`` the server also shuts
+down when that process is gone (the launcher passes its own pid, so a killed trainer or eval
+leaves no server behind).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    import uvicorn
+
+    from areal_agents.policies.engine import Engine
+
+__all__ = ["main", "watch_parent"]
+
+logger = logging.getLogger(__name__)
+
+_HARD_EXIT_MARGIN_S = 5.0
+"""Seconds past the graceful-shutdown timeout after which the process ends regardless."""
+
+
+def watch_parent(parent_pid: int, interval_s: float = 0.5, signum: int = signal.SIGTERM) -> None:
+    """Send ``signum`` to this process once ``parent_pid`` is no longer its parent.
+
+    The check is ``os.getppid()``, which changes when the parent dies (the child is adopted),
+    so a recycled pid cannot fool it. Runs in a daemon thread; returns at once. If the parent
+    is already gone, the signal is sent before returning.
+    """
+
+    def loop() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        logger.warning("parent process %d is gone: shutting down", parent_pid)
+        os.kill(os.getpid(), signum)
+
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signum)
+        return
+    threading.Thread(target=loop, name="areal-parent-watch", daemon=True).start()
+
+
+def _exit_after(seconds: float, code: int) -> None:
+    """End the process with ``code`` after ``seconds`` unless it has ended by then."""
+
+    def fire() -> None:
+        time.sleep(seconds)
+        sys.stderr.write(f"shutdown took over {seconds:.0f} s: exiting now\n")
+        sys.stderr.flush()
+        os._exit(code)
+
+    threading.Thread(target=fire, name="areal-exit-deadline", daemon=True).start()
+
+
+def _server(config: uvicorn.Config, engine: Engine, grace_s: float) -> uvicorn.Server:
+    """A uvicorn server whose exit signals also close ``engine`` and arm a hard deadline."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        closing = False
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            super().handle_exit(sig, frame)
+            if self.closing:
+                return
+            self.closing = True
+            # engine.close() joins the scheduler thread: never block the event loop on it.
+            threading.Thread(target=engine.close, name="areal-engine-close", daemon=True).start()
+            _exit_after(grace_s + _HARD_EXIT_MARGIN_S, 128 + int(sig))
+
+    return Server(config)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -29,7 +104,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--api-key", default=None, help="require this bearer token on /v1/")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--parent-pid", type=int, default=None, help="shut down when this process is gone"
+    )
+    parser.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=5.0,
+        help="seconds in-flight requests get to finish after SIGTERM",
+    )
     args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        watch_parent(args.parent_pid)  # before the slow imports: an orphan never loads a model
 
     import uvicorn
 
@@ -50,8 +136,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_batch_size=args.max_batch_size,
     )
     app = create_app(engine, name, api_key=args.api_key)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=max(1, round(args.shutdown_grace_s)),
+    )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        _server(config, engine, args.shutdown_grace_s).run()
     finally:
         engine.close()
 
