@@ -9,6 +9,14 @@ lifecycle reads (``root_url``, ``log_path``, ``process = None``, ``_log = None``
 poll interval, the log file's prefix). The child runs in its own session, so :meth:`stop`
 reaches every process it forked (vLLM's engine cores too).
 
+A server dies with the process that started it (``die_with_parent``, on by default): on Linux
+the child asks the kernel for ``parent_death_signal`` (SIGTERM) when its parent goes
+(``PR_SET_PDEATHSIG``, set before exec, with a parent check right after to close the race).
+The kernel sends that signal when the *thread* that forked the child ends, so the child is
+forked from a small launcher thread that lives as long as the child, and :meth:`start` may be
+called from any thread. A server that understands it also gets the parent's pid to watch
+(the built-in server's ``--parent-pid``), which covers other platforms and a lost signal.
+
 :func:`send_request` is the HTTP call both servers' weight-sync routes go through: a timeout or
 a transport error becomes a :class:`~areal_agents.errors.WeightSyncError` instead of a hang.
 """
@@ -20,7 +28,9 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +41,31 @@ import httpx
 
 from areal_agents.errors import EndpointError, WeightSyncError
 
-__all__ = ["ServerProcess", "free_port", "probe_health", "send_request"]
+__all__ = ["ServerProcess", "free_port", "parent_death_hook", "probe_health", "send_request"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def parent_death_hook(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive ``signum`` when this process dies.
+
+    Linux only (``prctl(PR_SET_PDEATHSIG)``, kept across exec); None elsewhere. The hook
+    exits the child at once if this process died before the request took effect. The kernel
+    ties the signal to the forking *thread*: fork from a thread that outlives the child.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up now, not in the forked child
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: nobody will signal us
+            os._exit(1)
+
+    return hook
 
 
 def free_port() -> int:
@@ -82,11 +116,16 @@ class ServerProcess:
     """Prefix of the temporary log file made when no ``log_path`` is given."""
     log_tail_on_timeout: ClassVar[bool] = False
     """Whether the not-ready-in-time error carries the end of the log."""
+    parent_death_signal: ClassVar[int] = signal.SIGTERM
+    """What the child receives when the process that started it dies."""
 
     root_url: str
     log_path: Path | None
     process: subprocess.Popen[bytes] | None
     _log: IO[bytes] | None
+    die_with_parent: bool = True
+    """End the server when this process dies (see the module docstring)."""
+    _release: threading.Event | None = None
 
     def command(self) -> list[str]:
         """The command line that starts the server."""
@@ -97,8 +136,8 @@ class ServerProcess:
         return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
     def preexec_fn(self) -> Callable[[], None] | None:
-        """What the child runs before exec (None: nothing)."""
-        return None
+        """What the child runs before exec: :func:`parent_death_hook` if ``die_with_parent``."""
+        return parent_death_hook(self.parent_death_signal) if self.die_with_parent else None
 
     def start(self) -> Self:
         """Start the server process (returns at once; see :meth:`wait_ready`)."""
@@ -110,15 +149,61 @@ class ServerProcess:
             self.log_path = Path(name)
         else:
             self._log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=self.environment(),
-            start_new_session=True,
-            preexec_fn=self.preexec_fn(),
-        )
+        command, env, log = self.command(), self.environment(), self._log
+        preexec_fn = self.preexec_fn()
+
+        def launch() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=preexec_fn,
+            )
+
+        self.process = launch() if preexec_fn is None else self._launch_in_thread(launch)
         return self
+
+    def _launch_in_thread(
+        self, launch: Callable[[], subprocess.Popen[bytes]]
+    ) -> subprocess.Popen[bytes]:
+        """Run ``launch`` in a daemon thread that stays alive until the child ends or :meth:`stop`.
+
+        ``PR_SET_PDEATHSIG`` fires when the forking thread ends; forking from the caller's
+        thread would kill the server as soon as, say, a worker thread that started it returned.
+        """
+        box: list[subprocess.Popen[bytes] | BaseException] = []
+        ready = threading.Event()
+        release = self._release = threading.Event()
+
+        def run() -> None:
+            try:
+                process = launch()
+            except BaseException as e:  # handed to the caller below
+                box.append(e)
+                ready.set()
+                return
+            box.append(process)
+            ready.set()
+            while not release.wait(1.0) and process.poll() is None:
+                pass
+
+        threading.Thread(target=run, name=f"{self.log_prefix}launcher", daemon=True).start()
+        ready.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def terminate(self) -> None:
+        """Send SIGTERM to the server's process group and return at once (:meth:`stop` waits).
+
+        Safe in a signal handler: it neither waits nor reaps.
+        """
+        process = self.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)
 
     def log_tail(self, chars: int = 3000) -> str:
         """The end of the server's log (for error messages)."""
@@ -152,17 +237,27 @@ class ServerProcess:
         raise EndpointError(message)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """Terminate the server process group (SIGTERM, then SIGKILL)."""
+        """Terminate the server process group: SIGTERM, wait ``timeout`` s, then SIGKILL.
+
+        Only the group this object started is signalled (the child leads its own session);
+        members that outlive the leader (engine processes) are killed right after it exits.
+        """
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=timeout)
+            # Reaped just now, so the group id cannot have been reused yet.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        if self._release is not None:
+            self._release.set()
+            self._release = None
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -8,10 +8,10 @@
 
 from __future__ import annotations
 
-import signal
+import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -25,14 +25,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["BuiltinServer", "BuiltinServerClient", "free_port"]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the parent thread dies (Linux PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 class BuiltinServerClient:
@@ -101,9 +93,8 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
         served_model_name: the ``model`` clients send (default: the model's directory name, or
             ``SmolLM2-135M-Instruct`` for the default model).
         extra_args: more ``serve`` flags (``["--max-batch-size", "8"]``).
-        die_with_parent: on Linux, kill the server when the thread that called :meth:`start`
-            exits (so a ``kill -9`` of a trainer leaves no orphan server); call ``start`` from
-            a thread that lives as long as the server, e.g. the main thread.
+        die_with_parent: end the server when this process dies, even by ``kill -9`` (Linux
+            ``PR_SET_PDEATHSIG``, plus the server's own ``--parent-pid`` watch); on by default.
     """
 
     display_name = "the built-in server"
@@ -122,7 +113,7 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
         device: str = "cpu",
         extra_args: Sequence[str] = (),
         log_path: str | Path | None = None,
-        die_with_parent: bool = False,
+        die_with_parent: bool = True,
     ) -> None:
         from areal_agents.policies.model import DEFAULT_MODEL_NAME
 
@@ -159,9 +150,6 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
             str(self.max_model_len),
             "--device",
             self.device,
+            *(["--parent-pid", str(os.getpid())] if self.die_with_parent else []),
             *self.extra_args,
         ]
-
-    def preexec_fn(self) -> Callable[[], None] | None:
-        """:func:`_die_with_parent` when ``die_with_parent`` is set."""
-        return _die_with_parent if self.die_with_parent else None

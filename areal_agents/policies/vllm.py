@@ -80,6 +80,8 @@ class VLLMServer(ServerProcess):
         max_model_len, dtype: vLLM's ``--max-model-len`` and ``--dtype``.
         extra_args: more vLLM flags (``["--gpu-memory-utilization", "0.5"]``).
         python: the interpreter with vLLM (default: :func:`vllm_python`).
+        die_with_parent: on Linux, SIGTERM the server when this process dies, even by
+            ``kill -9`` (``PR_SET_PDEATHSIG``); vLLM then stops its engine processes itself.
     """
 
     display_name = "vLLM"
@@ -99,7 +101,9 @@ class VLLMServer(ServerProcess):
         extra_args: Sequence[str] = (),
         python: str | None = None,
         log_path: str | Path | None = None,
+        die_with_parent: bool = True,
     ) -> None:
+        self.die_with_parent = die_with_parent
         self.model_dir = Path(resolve_model(model))
         self.served_model_name = served_model_name or (
             DEFAULT_MODEL_NAME if model in ("default", DEFAULT_MODEL_NAME) else self.model_dir.name

@@ -1,0 +1,179 @@
+"""ServerProcess's lifecycle on real child processes (no model): parent death, stop, terminate.
+
+The "server" here is a plain Python child that sleeps (or ignores SIGTERM), so these tests
+check the launcher's process handling itself, fast; tests/policies/test_serve.py does the same
+with the built-in server.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from areal_agents.policies.process import ServerProcess, parent_death_hook
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SLEEPER = textwrap.dedent(
+    """
+    import sys, threading, time
+    from areal_agents.policies.process import ServerProcess
+
+    class Sleeper(ServerProcess):
+        def __init__(self, die_with_parent):
+            self.root_url = "http://127.0.0.1:9"
+            self.log_path = None
+            self.process = None
+            self._log = None
+            self.die_with_parent = die_with_parent
+
+        def command(self):
+            return [sys.executable, "-c", "import time; time.sleep(300)"]
+
+    server = Sleeper(die_with_parent=sys.argv[1] == "1")
+    # Started from a thread that ends at once: the child must outlive that thread.
+    starter = threading.Thread(target=server.start)
+    starter.start()
+    starter.join()
+    print(server.process.pid, flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def is_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie nobody reaped yet counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if is_gone(pid):
+            return True
+        time.sleep(0.1)
+    return is_gone(pid)
+
+
+class Child(ServerProcess):
+    """A ServerProcess running ``code`` in a Python child."""
+
+    def __init__(self, code: str, die_with_parent: bool = True) -> None:
+        self.code = code
+        self.root_url = "http://127.0.0.1:9"
+        self.log_path = None
+        self.process = None
+        self._log = None
+        self.die_with_parent = die_with_parent
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", self.code]
+
+
+def _launch_parent(die_with_parent: bool) -> tuple[subprocess.Popen[str], int]:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SLEEPER, "1" if die_with_parent else "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    return parent, int(parent.stdout.readline())
+
+
+def test_child_dies_when_the_parent_is_killed() -> None:
+    parent, child = _launch_parent(die_with_parent=True)
+    try:
+        time.sleep(1.5)  # the thread that called start() has ended by now
+        assert not is_gone(child), "the child died with the thread that started it"
+        parent.kill()
+        parent.wait()
+        assert wait_gone(child, 30), "the child outlived its SIGKILLed parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        if not is_gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_without_die_with_parent_the_child_survives() -> None:
+    """The control: the test above would notice if the mechanism did nothing."""
+    parent, child = _launch_parent(die_with_parent=False)
+    try:
+        parent.kill()
+        parent.wait()
+        time.sleep(1.5)
+        assert not is_gone(child)
+    finally:
+        parent.kill()
+        parent.wait()
+        if not is_gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_stop_kills_a_child_that_ignores_sigterm() -> None:
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(300)"
+    )
+    server = Child(code).start()
+    assert server.process is not None and server.log_path is not None
+    pid = server.process.pid
+    deadline = time.monotonic() + 30
+    while b"ready" not in server.log_path.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    server.stop(timeout=1.0)
+    assert time.monotonic() - started < 10
+    assert is_gone(pid)
+    assert server.process is None
+
+
+def test_terminate_returns_at_once_and_the_child_ends() -> None:
+    server = Child("import time; time.sleep(300)").start()
+    assert server.process is not None
+    pid = server.process.pid
+    server.terminate()
+    assert wait_gone(pid, 10)
+    assert server.process.wait(timeout=5) == -signal.SIGTERM
+    server.stop()
+
+
+def test_context_exit_stops_the_child_and_the_launcher_thread() -> None:
+    before = {t.ident for t in threading.enumerate()}
+    with Child("import time; time.sleep(300)") as server:
+        assert server.process is not None
+        pid = server.process.pid
+        launchers = [t for t in threading.enumerate() if t.ident not in before]
+        assert [t.name for t in launchers] == ["areal-server-launcher"]
+    assert is_gone(pid)
+    launchers[0].join(timeout=5)
+    assert not launchers[0].is_alive()
+
+
+def test_parent_death_hook_is_linux_prctl() -> None:
+    hook = parent_death_hook(signal.SIGTERM)
+    assert hook is not None
+    # Run it in a real child and read the setting back from the kernel.
+    check = (
+        "import ctypes, signal; v = ctypes.c_int(); "
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); print(v.value)"  # 2: GET
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", check], preexec_fn=hook, capture_output=True, text=True, timeout=30
+    )
+    assert int(out.stdout) == signal.SIGTERM
