@@ -423,7 +423,13 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "weight_version": engine.weight_version}
+        import torch  # loaded already by the engine
+
+        return {
+            "status": "ok",
+            "weight_version": engine.weight_version,
+            "torch_threads": torch.get_num_threads(),  # what OMP_NUM_THREADS etc. made of it
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

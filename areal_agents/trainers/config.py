@@ -149,6 +149,9 @@ class TrainerConfig:
     a directory that holds a run."""
     seed: int = 0
     """Seed of the task order, parameter init of new heads, and learner RNG."""
+    torch_threads: int | None = None
+    """Torch (OpenMP) threads of each learner process; None leaves torch's default (or the
+    inherited ``OMP_NUM_THREADS``). On small shared hosts 1 avoids thread oversubscription."""
 
     def __post_init__(self) -> None:
         if self.max_staleness is not None and self.max_staleness < 0:
@@ -180,6 +183,11 @@ class TrainerConfig:
         if self.batch_order not in ("ready", "admission"):
             raise ConfigError(
                 f"trainer.batch_order={self.batch_order!r}: choose ready or admission"
+            )
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ConfigError(
+                f"trainer.torch_threads={self.torch_threads}: must be at least 1 "
+                "(or null to keep torch's default)"
             )
 
     @property
@@ -221,8 +229,23 @@ class InferenceConfig:
     """GPUs Ray reserves for each server (0 on CPU machines)."""
     extra_args: tuple[str, ...] = ()
     """Extra command-line arguments for the server process."""
+    torch_threads: int | None = None
+    """Torch (OpenMP/MKL) threads of each built-in server process the trainer starts (set as
+    ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in its environment); None leaves the inherited
+    setting (torch takes at most as many as the cores it sees from these variables). vLLM's
+    CPU threads are set by its own ``VLLM_CPU_OMP_THREADS_BIND`` instead."""
 
     def __post_init__(self) -> None:
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ConfigError(
+                f"inference.torch_threads={self.torch_threads}: must be at least 1 "
+                "(or null to keep the inherited setting)"
+            )
+        if self.torch_threads is not None and self.engine == "vllm":
+            raise ConfigError(
+                "inference.torch_threads applies to the built-in server only; vLLM on CPU "
+                "takes its threads from VLLM_CPU_OMP_THREADS_BIND (drop inference.torch_threads)"
+            )
         if self.num_servers < 1:
             raise ConfigError(f"inference.num_servers={self.num_servers}: must be at least 1")
         if self.max_tokens < 1:

@@ -4,6 +4,8 @@ Servers come from ``policies`` (the built-in server or the vLLM launcher; both s
 weight-sync methods). On a local Ray instance the driver starts them as child processes bound to
 127.0.0.1; attached to a cluster (``ray.address=...``) each server is started inside a Ray actor
 that reserves ``inference.gpus_per_server`` GPUs, so Ray places it on a GPU node.
+``inference.torch_threads`` sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in each server's
+environment (a built-in server reports the count it runs with on ``/health``).
 
 :class:`WeightSync` pushes version ``v`` to every server with a time limit: the learner writes a
 safetensors directory (``weight_sync=disk``) or hands over its state dict
@@ -26,7 +28,14 @@ from areal_agents.errors import WeightSyncError
 from areal_agents.trainers.config import InferenceConfig
 from areal_agents.trainers.runtime import remote_class
 
-__all__ = ["InferenceServer", "WeightSync", "start_servers", "stop_servers"]
+__all__ = [
+    "InferenceServer",
+    "WeightSync",
+    "server_torch_threads",
+    "start_servers",
+    "stop_servers",
+    "thread_env",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +76,34 @@ def _create(
         cls = BuiltinServer
     if "die_with_parent" in inspect.signature(cls).parameters:
         kwargs["die_with_parent"] = True  # no orphan server after a kill -9 of the trainer
-    return cls(model_dir, **kwargs)
+    server = cls(model_dir, **kwargs)
+    threads = thread_env(cfg)
+    if threads:  # the child's environment is the server's own plus the thread settings
+        base = server.environment
+        server.environment = lambda: {**base(), **threads}
+    return server
+
+
+def thread_env(cfg: InferenceConfig) -> dict[str, str]:
+    """``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` for ``inference.torch_threads`` (empty: None)."""
+    if cfg.torch_threads is None:
+        return {}
+    return {"OMP_NUM_THREADS": str(cfg.torch_threads), "MKL_NUM_THREADS": str(cfg.torch_threads)}
+
+
+def server_torch_threads(servers: list[Any]) -> list[int | None]:
+    """Torch threads each server reports on ``/health`` (None where it reports none: vLLM)."""
+    import httpx
+
+    out: list[int | None] = []
+    for server in servers:
+        root = str(server.base_url).removesuffix("/v1")
+        try:
+            value = httpx.get(f"{root}/health", timeout=5.0).json().get("torch_threads")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            value = None
+        out.append(int(value) if isinstance(value, int) else None)
+    return out
 
 
 def _launch(cfg: InferenceConfig, model_dir: str, name: str, host: str) -> Any:

@@ -73,6 +73,8 @@ class Learner:
     """One rank of the FSDP2 learner."""
 
     def __init__(self, spec: LearnerSpec) -> None:
+        if spec.trainer.torch_threads is not None:  # before any parallel work in this process
+            torch.set_num_threads(spec.trainer.torch_threads)
         self.spec = spec
         self.step = 0
         self.device = torch.device("cpu")
@@ -117,7 +119,11 @@ class Learner:
             ref = load_policy(path, spec.model.dtype).to(self.device)
             ref.requires_grad_(False)
             self.ref = fsdp.shard_model(ref, decoder_layers(ref))
-        return {"params": sum(p.numel() for p in model.parameters()), "device": str(self.device)}
+        return {
+            "params": sum(p.numel() for p in model.parameters()),
+            "device": str(self.device),
+            "torch_threads": torch.get_num_threads(),
+        }
 
     def _adamw(self, params: Any) -> torch.optim.Optimizer:
         cfg = self.spec.trainer

@@ -36,7 +36,12 @@ from areal_agents.trainers.checkpoint import (
     write_json,
 )
 from areal_agents.trainers.config import TrainConfig
-from areal_agents.trainers.inference import WeightSync, start_servers, stop_servers
+from areal_agents.trainers.inference import (
+    WeightSync,
+    server_torch_threads,
+    start_servers,
+    stop_servers,
+)
 from areal_agents.trainers.learner_group import LearnerGroup
 from areal_agents.trainers.metrics import MetricsLogger, write_summary
 from areal_agents.trainers.modeling import resolve_model_dir
@@ -93,6 +98,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             )
         )
         learners = LearnerGroup(cfg, model_dir)
+        threads = {
+            "learner": learners.info["torch_threads"],
+            "servers": server_torch_threads(servers),
+        }
         sync = WeightSync(cfg.inference, servers, run_dir / "weights")
         step, elapsed_before = 0, 0.0
         if resume_from is not None:
@@ -160,6 +169,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "finished": True,
             "env": cfg.env.name,
             "model": cfg.model.name,
+            "torch_threads": threads,
         }
         summary = write_summary(run_dir, extra)
         write_transcript_viewer(run_dir, summary)

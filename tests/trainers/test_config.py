@@ -17,3 +17,14 @@ def test_batch_order_defaults_to_ready_and_is_checked() -> None:
         load_config(TrainConfig, ["trainer.batch_order=newest"])
     with pytest.raises(ConfigError, match="batch_order"):
         TrainerConfig(batch_order="newest")  # type: ignore[arg-type]
+
+
+def test_torch_threads_are_optional_and_at_least_one() -> None:
+    cfg = load_config(TrainConfig, ["trainer.torch_threads=1", "inference.torch_threads=2"])
+    assert (cfg.trainer.torch_threads, cfg.inference.torch_threads) == (1, 2)
+    assert TrainConfig().trainer.torch_threads is None
+    assert TrainConfig().inference.torch_threads is None
+    with pytest.raises(ConfigError, match=r"trainer\.torch_threads=0"):
+        load_config(TrainConfig, ["trainer.torch_threads=0"])
+    with pytest.raises(ConfigError, match=r"inference\.torch_threads=-1"):
+        load_config(TrainConfig, ["inference.torch_threads=-1"])

@@ -1,0 +1,44 @@
+"""The inference servers the trainer starts: their thread settings reach the server process."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_agents.errors import ConfigError
+from areal_agents.trainers.config import InferenceConfig
+from areal_agents.trainers.inference import (
+    server_torch_threads,
+    start_servers,
+    stop_servers,
+    thread_env,
+)
+
+
+def test_thread_env_and_validation() -> None:
+    assert thread_env(InferenceConfig()) == {}
+    assert thread_env(InferenceConfig(torch_threads=2)) == {
+        "OMP_NUM_THREADS": "2",
+        "MKL_NUM_THREADS": "2",
+    }
+    with pytest.raises(ConfigError, match=r"inference\.torch_threads=0"):
+        InferenceConfig(torch_threads=0)
+    with pytest.raises(ConfigError, match="VLLM_CPU_OMP_THREADS_BIND"):
+        InferenceConfig(engine="vllm", torch_threads=1)
+
+
+@pytest.mark.integration
+def test_a_started_server_runs_with_the_configured_torch_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from areal_agents.trainers.modeling import tiny_model_path
+
+    # torch caps OMP_NUM_THREADS at the cores it sees: 1 differs from the inherited 2 on any
+    # host with two cores or more
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    cfg = InferenceConfig(torch_threads=1, startup_timeout_s=300)
+    servers = start_servers(cfg, tiny_model_path(), "policy", on_cluster=False)
+    try:
+        assert server_torch_threads(servers) == [1]
+    finally:
+        stop_servers(servers)
+    assert server_torch_threads(servers) == [None]  # stopped: nothing answers
