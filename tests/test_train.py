@@ -88,14 +88,34 @@ def test_resume_refuses_a_different_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_a_short_run_uses_the_configured_torch_threads(tmp_path: Path) -> None:
-    # torch takes at most as many threads from OMP_NUM_THREADS as it sees cores: asking for 1
-    # against an inherited 2 shows that the setting reached each process (on 2+ cores)
-    args = [*TINY, "trainer.total_steps=1", "trainer.torch_threads=1", "inference.torch_threads=1"]
-    proc = run([*args, f"output_dir={tmp_path}"], env={"OMP_NUM_THREADS": "2"})
+def test_time_budget_stops_cleanly_and_threads_reach_every_process(tmp_path: Path) -> None:
+    budget = 20.0
+    args = [
+        *TINY,
+        "trainer.total_steps=1000",
+        f"trainer.time_budget_s={budget}",
+        "trainer.checkpoint_every=0",  # only the final checkpoint: the early stop must save it
+        # torch takes at most as many threads from OMP_NUM_THREADS as it sees cores: asking
+        # for 1 against an inherited 2 shows that the setting reached each process (2+ cores)
+        "trainer.torch_threads=1",
+        "inference.torch_threads=1",
+        f"output_dir={tmp_path}",
+    ]
+    proc = run(args, env={"OMP_NUM_THREADS": "2"})
     assert proc.wait(timeout=300) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stop_reason"] == "time_budget"
+    assert summary["time_budget_s"] == budget
     assert summary["torch_threads"] == {"learner": 1, "servers": [1]}
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert 1 <= len(rows) == summary["steps"] < 1000
+    for row in rows:  # each step took its batch within the budget (training may end after it)
+        took_batch_at = row["time/elapsed_s"] - row["time/step_s"] + row["time/wait_s"]
+        assert took_batch_at <= budget + 2.0
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert ckpts == [f"step_{len(rows):06d}"]
+    trainer_state = json.loads((tmp_path / "checkpoints" / ckpts[0] / "trainer.json").read_text())
+    assert trainer_state["step"] == len(rows)
 
 
 @pytest.mark.integration

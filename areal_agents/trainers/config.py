@@ -149,6 +149,10 @@ class TrainerConfig:
     a directory that holds a run."""
     seed: int = 0
     """Seed of the task order, parameter init of new heads, and learner RNG."""
+    time_budget_s: float | None = None
+    """Stop cleanly after this many seconds of training (the clock starts once servers and
+    learners are up, and continues across resumes): no step starts past it, the final
+    checkpoint is saved and ``summary.json`` says ``stop_reason: time_budget``. None: no limit."""
     torch_threads: int | None = None
     """Torch (OpenMP) threads of each learner process; None leaves torch's default (or the
     inherited ``OMP_NUM_THREADS``). On small shared hosts 1 avoids thread oversubscription."""
@@ -183,6 +187,11 @@ class TrainerConfig:
         if self.batch_order not in ("ready", "admission"):
             raise ConfigError(
                 f"trainer.batch_order={self.batch_order!r}: choose ready or admission"
+            )
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise ConfigError(
+                f"trainer.time_budget_s={self.time_budget_s}: must be positive seconds "
+                "(or null for no limit)"
             )
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError(

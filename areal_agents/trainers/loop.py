@@ -10,7 +10,9 @@ The driver loop below repeats::
     record metrics, transcripts; checkpoint every N steps
 
 ``trainer.mode=sync`` is the same loop with staleness 0: nothing is admitted while the learner
-works, so generation and learning alternate.
+works, so generation and learning alternate. The run ends after ``trainer.total_steps``, or
+earlier once ``trainer.time_budget_s`` of training time is spent (no step starts after it);
+either way the last step is checkpointed and ``summary.json`` gives the ``stop_reason``.
 """
 
 from __future__ import annotations
@@ -127,9 +129,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             dynamic_ncols=True,
         )
         last_ckpt = step
+        budget = cfg.trainer.time_budget_s
+        deadline = None if budget is None else start + budget
+        stop_reason = "total_steps"
         while step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
-            groups = wait_for_batch(buffer, runs, bar)
+            groups = wait_for_batch(buffer, runs, bar, deadline)
+            if groups is None:  # the time budget ran out before this step could start
+                stop_reason = "time_budget"
+                break
             t1 = time.perf_counter()
             trajectories = [t for g in groups for t in g.trajectories]
             learn = learners.train_step(trajectories)
@@ -161,12 +169,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if (every and step % every == 0) or step == cfg.trainer.total_steps:
                 save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
                 last_ckpt = step
+        if step != last_ckpt:  # stopped early: the last step is saved as at a normal end
+            save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
         bar.close()
         log.close()
-        del last_ckpt
+        if stop_reason == "time_budget":
+            print(f"stopped after step {step}: trainer.time_budget_s={budget} s spent")
         extra = {
             "run_dir": str(run_dir),
             "finished": True,
+            "stop_reason": stop_reason,
+            "time_budget_s": budget,
             "env": cfg.env.name,
             "model": cfg.model.name,
             "torch_threads": threads,
@@ -212,10 +225,20 @@ def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer:
     ]
 
 
-def wait_for_batch(buffer: Any, runs: list[Any], bar: Any, poll_s: float = 0.2) -> list[Group]:
-    """The next batch; fails fast if a rollout worker died instead of waiting forever."""
+def over(deadline: float | None) -> bool:
+    """Whether the ``time.perf_counter()`` deadline (None: none) has passed."""
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+def wait_for_batch(
+    buffer: Any, runs: list[Any], bar: Any, deadline: float | None = None, poll_s: float = 0.2
+) -> list[Group] | None:
+    """The next batch, or None once ``deadline`` has passed (no batch is taken after it); fails
+    fast if a rollout worker died instead of waiting forever."""
     polls = 0
     while True:
+        if over(deadline):
+            return None
         batch = ray.get(buffer.pop_batch.remote())
         if batch is not None:
             return list(batch)
@@ -298,6 +321,7 @@ def write_transcript_viewer(run_dir: Path, summary: dict[str, Any]) -> None:
 def print_summary(summary: dict[str, Any]) -> None:
     keys = (
         "steps",
+        "stop_reason",
         "final_version",
         "reward_first",
         "reward_last",

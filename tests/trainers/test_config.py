@@ -28,3 +28,11 @@ def test_torch_threads_are_optional_and_at_least_one() -> None:
         load_config(TrainConfig, ["trainer.torch_threads=0"])
     with pytest.raises(ConfigError, match=r"inference\.torch_threads=-1"):
         load_config(TrainConfig, ["inference.torch_threads=-1"])
+
+
+def test_time_budget_is_optional_and_positive() -> None:
+    assert TrainerConfig().time_budget_s is None
+    assert load_config(TrainConfig, ["trainer.time_budget_s=90"]).trainer.time_budget_s == 90.0
+    for bad in ("0", "-5"):
+        with pytest.raises(ConfigError, match=r"trainer\.time_budget_s"):
+            load_config(TrainConfig, [f"trainer.time_budget_s={bad}"])
