@@ -110,8 +110,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--shutdown-grace-s",
         type=float,
-        default=5.0,
-        help="seconds in-flight requests get to finish after SIGTERM",
+        default=2.0,
+        help="seconds in-flight requests get to answer after SIGTERM (the engine is closed at "
+        "once, so they can only fail; a forward pass under way may hold them this long)",
     )
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
