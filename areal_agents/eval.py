@@ -17,20 +17,27 @@ Episodes that hit an infrastructure fault are dropped and counted, never scored 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import math
+import signal
 import sys
+import threading
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from areal_agents.config import dump_yaml, load_config, to_dict
 from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
 from areal_agents.policies.base import Policy
+
+if TYPE_CHECKING:
+    from areal_agents.policies.server import BuiltinServer
 
 __all__ = ["EvalConfig", "EvalPolicyConfig", "main", "pass_at_k", "run_eval", "summarize"]
 
@@ -323,21 +330,58 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise SystemExit(2) from None
 
 
-def _run(cfg: EvalConfig) -> dict[str, Any]:
-    server = None
-    base_url, model = cfg.policy.base_url, cfg.policy.model
-    try:
-        if not base_url:
-            from areal_agents.policies.server import BuiltinServer
+@contextlib.contextmanager
+def _sigterm_exits(on_signal: Callable[[], None]) -> Iterator[None]:
+    """While inside, SIGTERM calls ``on_signal`` and raises ``SystemExit(143)`` (once).
 
-            server = BuiltinServer(model="default" if model == "SmolLM2-135M-Instruct" else model)
-            server.start().wait_ready(timeout=300)
-            base_url, model = server.base_url, server.served_model_name
-        policy = _make_policy(cfg.policy, base_url, model)
-        summary = asyncio.run(run_eval(cfg, policy))
+    Python's default SIGTERM ends the process without running ``finally`` blocks (that is how
+    a killed eval once left its server running). Outside the main thread this does nothing:
+    only the main thread can handle signals. The previous handler is restored on exit.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal raised
+        on_signal()
+        if not raised:  # a second SIGTERM must not interrupt the clean-up the first started
+            raised = True
+            raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
     finally:
-        if server is not None:
-            server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(cfg: EvalConfig) -> dict[str, Any]:
+    servers: list[BuiltinServer] = []
+
+    def stop_now() -> None:  # in the signal handler: no waiting, in-flight requests just fail
+        for server in servers:
+            server.terminate()
+
+    base_url, model = cfg.policy.base_url, cfg.policy.model
+    # The server is stopped on every way out: normal end, error, Ctrl-C, SIGTERM; a SIGKILL
+    # of this process stops it too (the server watches its parent).
+    with _sigterm_exits(stop_now):
+        try:
+            if not base_url:
+                from areal_agents.policies.server import BuiltinServer
+
+                servers.append(
+                    BuiltinServer(model="default" if model == "SmolLM2-135M-Instruct" else model)
+                )
+                servers[0].start().wait_ready(timeout=300)
+                base_url, model = servers[0].base_url, servers[0].served_model_name
+            policy = _make_policy(cfg.policy, base_url, model)
+            summary = asyncio.run(run_eval(cfg, policy))
+        finally:
+            for server in servers:
+                server.stop()
     shown = {k: v for k, v in summary.items() if k not in ("dropped", "tool_error_rates")}
     print(json.dumps(shown, indent=2))
     print(f"transcripts, summary and viewer in {cfg.output_dir}")
