@@ -158,8 +158,9 @@ def test_context_exit_stops_the_child_and_the_launcher_thread() -> None:
     with Child("import time; time.sleep(300)") as server:
         assert server.process is not None
         pid = server.process.pid
-        launchers = [t for t in threading.enumerate() if t.ident not in before]
-        assert [t.name for t in launchers] == ["areal-server-launcher"]
+        new = [t for t in threading.enumerate() if t.ident not in before]
+        launchers = [t for t in new if t.name == "areal-server-launcher"]
+        assert len(launchers) == 1, [t.name for t in new]
     assert is_gone(pid)
     launchers[0].join(timeout=5)
     assert not launchers[0].is_alive()
