@@ -1,10 +1,12 @@
-"""The built-in inference engine: a transformers causal LM behind a small batching scheduler.
+"""The built-in inference engine: a transformers causal LM behind a continuous-batching scheduler.
 
-One scheduler thread owns the model. Requests queue up; the thread takes every waiting request
-(up to ``max_batch_size``), left-pads them into one batch and decodes step by step with a KV
-cache, sampling each row with its own temperature, top-p and random generator. Rows finish
-independently (end-of-sequence, stop token or string, ``max_tokens``); the batch ends when all
-have. Requests that arrive meanwhile form the next batch.
+One scheduler thread owns the model and runs one running batch. Each step it admits waiting
+requests (up to ``max_batch_size`` rows in all: their prompts are prefilled and their KV cache
+joins the batch's, rows kept right-aligned), samples one token per row with the row's own
+temperature, top-p and random generator, hands back every row that has finished
+(end-of-sequence, stop token or string, ``max_tokens``) at once, drops it from the cache, and
+decodes the remaining rows one step. A short request therefore never waits for a long one, and
+a request arriving mid-generation joins the batch at the next step.
 
 transformers' own continuous batching (``generate_batch``) was considered and not used: it
 applies one generation config to every request (no per-request temperature or seed) and cannot
@@ -13,9 +15,10 @@ be interrupted at a step boundary, and both are needed here — the second for R
 ``finish_reason="abort"`` (vLLM's reason for an aborted request), so a client can continue the
 generation under the new weights. Requests that arrive while paused wait for :meth:`resume`.
 
-Every result carries the weight version that produced it; weights are replaced only between
-batches, so one result never mixes versions. Log-probabilities are those of the raw model
-distribution (before temperature and top-p), as vLLM reports them by default.
+Every result carries the weight version that produced it; weights are replaced only while no
+row is running (after :meth:`Engine.pause`), so one result never mixes versions.
+Log-probabilities are those of the raw model distribution (before temperature and top-p), as
+vLLM reports them by default.
 """
 
 from __future__ import annotations
@@ -82,8 +85,38 @@ class _Row:
     stop_reason: int | str | None = None
 
 
+@dataclass
+class _Batch:
+    """The running batch: its rows, their KV cache and attention mask (right-aligned rows),
+    the next position of each row and the logits of its next token (not yet sampled)."""
+
+    rows: list[_Row]
+    cache: Any
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+    last: torch.Tensor
+
+
+def _cache_layers(cache: Any) -> list[Any]:
+    """The per-layer key/value holders of a transformers ``DynamicCache``."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"continuous batching needs a DynamicCache, got {type(cache).__name__}")
+    return list(layers)
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Zero-pad ``t`` at the start of ``dim`` to ``width`` entries."""
+    missing = width - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
 class Engine:
-    """A causal LM with a batching scheduler, pause/resume and in-place weight updates."""
+    """A causal LM with continuous batching, pause/resume and in-place weight updates."""
 
     def __init__(
         self,
@@ -124,6 +157,7 @@ class Engine:
         self._cond = threading.Condition()
         self._paused = False
         self._busy = False
+        self._active = False
         self._abort = threading.Event()
         self._closed = False
         self._seeds = itertools.count(int(time.time_ns() % 1_000_003))
@@ -167,7 +201,7 @@ class Engine:
             self._paused = True
             self._abort.set()
             self._cond.notify_all()
-            while self._busy:
+            while self._busy or self._active:
                 self._cond.wait()
             self._abort.clear()
 
@@ -231,32 +265,43 @@ class Engine:
     # ---- the scheduler thread ------------------------------------------------------------
 
     def _loop(self) -> None:
+        state: _Batch | None = None
         while True:
             with self._cond:
-                while not self._closed and (self._paused or not self._queue):
+                while not self._closed and state is None and (self._paused or not self._queue):
                     self._cond.wait()
                 if self._closed:
-                    for row in self._queue:
-                        row.future.set_exception(RuntimeError("the engine was closed"))
+                    rows = [*self._queue, *(state.rows if state else [])]
+                    for row in rows:
+                        if not row.future.done():
+                            row.future.set_exception(RuntimeError("the engine was closed"))
                     return
-                size = min(len(self._queue), self.max_batch_size)
-                batch = [self._queue.popleft() for _ in range(size)]
+                new: list[_Row] = []
+                if not self._paused:
+                    room = self.max_batch_size - (len(state.rows) if state else 0)
+                    new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
                 self._busy = True
             try:
-                self._run(batch)
+                if new:
+                    state = self._join(state, self._prefill(new))
+                    new = []
+                if state is not None:
+                    state = self._step(state)
             except Exception as e:  # a bug or OOM: fail these requests, keep serving
                 logger.exception("generation failed")
-                for row in batch:
+                for row in [*new, *(state.rows if state else [])]:
                     if not row.future.done():
                         row.future.set_exception(e)
+                state = None
             finally:
                 with self._cond:
                     self._busy = False
+                    self._active = state is not None
                     self._cond.notify_all()
 
     @torch.no_grad()
-    def _run(self, rows: list[_Row]) -> None:
-        version = self._version
+    def _prefill(self, rows: list[_Row]) -> _Batch:
+        """Run the prompts of newly admitted rows; returns them as a batch ready to sample."""
         prompts = [r.request.prompt_ids + list(r.request.forced_prefix) for r in rows]
         for row in rows:  # forced tokens are part of the output, with their logprobs below
             row.tokens.extend(row.request.forced_prefix)
@@ -277,7 +322,6 @@ class Engine:
             use_cache=True,
             logits_to_keep=keep,
         )
-        cache = out.past_key_values
         logits = out.logits.float()
         for i, row in enumerate(rows):  # logprobs of forced tokens (mask 1 in training too)
             n = forced[i]
@@ -286,40 +330,76 @@ class Engine:
                 picked = torch.tensor(row.request.forced_prefix, device=lp.device)
                 row.logprobs.extend(lp.gather(-1, picked[:, None])[:, 0].tolist())
                 row.top.extend(self._top(lp[j], row.request.top_logprobs) for j in range(n))
-        last = logits[:, -1, :]
-        next_pos = positions[:, -1:] + 1
-        while True:
-            chosen = self._sample(rows, last)
-            if all(r.finish is not None for r in rows):
-                break
-            if self._abort.is_set():
-                for row in rows:
-                    if row.finish is None:
-                        row.finish = "abort"
-                break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-            out = self.model(
-                input_ids=chosen[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                past_key_values=cache,
-                use_cache=True,
+        return _Batch(rows, out.past_key_values, mask, positions[:, -1:] + 1, logits[:, -1, :])
+
+    def _join(self, old: _Batch | None, new: _Batch) -> _Batch:
+        """Merge newly prefilled rows into the running batch (rows stay right-aligned: the
+        shorter block is left-padded with masked-out cache entries)."""
+        if old is None:
+            return new
+        width = max(old.mask.shape[1], new.mask.shape[1])
+        for a, b in zip(_cache_layers(old.cache), _cache_layers(new.cache), strict=True):
+            a.keys = torch.cat([_left_pad(a.keys, width, -2), _left_pad(b.keys, width, -2)])
+            a.values = torch.cat([_left_pad(a.values, width, -2), _left_pad(b.values, width, -2)])
+        old.rows.extend(new.rows)
+        old.mask = torch.cat([_left_pad(old.mask, width, -1), _left_pad(new.mask, width, -1)])
+        old.next_pos = torch.cat([old.next_pos, new.next_pos])
+        old.last = torch.cat([old.last, new.last])
+        return old
+
+    @torch.no_grad()
+    def _step(self, batch: _Batch) -> _Batch | None:
+        """Sample one token per row, hand back finished rows at once, decode the rest one step.
+
+        Returns the batch still running (None when every row has finished or was aborted).
+        """
+        chosen = self._sample(batch.rows, batch.last)
+        if self._abort.is_set():
+            for row in batch.rows:
+                if row.finish is None:
+                    row.finish = "abort"
+        done = [i for i, r in enumerate(batch.rows) if r.finish is not None]
+        for i in done:
+            self._resolve(batch.rows[i])
+        if len(done) == len(batch.rows):
+            return None
+        if done:
+            keep = torch.tensor(
+                [i for i, r in enumerate(batch.rows) if r.finish is None], device=self.device
             )
-            cache = out.past_key_values
-            last = out.logits[:, -1, :].float()
-            self.decode_steps += 1
-            next_pos = next_pos + 1
-        for row in rows:
-            row.future.set_result(
-                GenerationResult(
-                    token_ids=row.tokens,
-                    logprobs=row.logprobs,
-                    top_logprobs=row.top,
-                    finish_reason=row.finish or "abort",
-                    stop_reason=row.stop_reason,
-                    weight_version=version,
-                )
+            batch.rows = [r for r in batch.rows if r.finish is None]
+            mask = batch.mask[keep]
+            start = int((mask.sum(0) > 0).nonzero()[0])  # drop columns no remaining row uses
+            batch.mask = mask[:, start:]
+            for layer in _cache_layers(batch.cache):
+                layer.keys = layer.keys[keep, :, start:]
+                layer.values = layer.values[keep, :, start:]
+            batch.next_pos, chosen = batch.next_pos[keep], chosen[keep]
+        batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=-1)
+        out = self.model(
+            input_ids=chosen[:, None],
+            attention_mask=batch.mask,
+            position_ids=batch.next_pos,
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
+        batch.cache = out.past_key_values
+        batch.last = out.logits[:, -1, :].float()
+        batch.next_pos = batch.next_pos + 1
+        self.decode_steps += 1
+        return batch
+
+    def _resolve(self, row: _Row) -> None:
+        row.future.set_result(
+            GenerationResult(
+                token_ids=row.tokens,
+                logprobs=row.logprobs,
+                top_logprobs=row.top,
+                finish_reason=row.finish or "abort",
+                stop_reason=row.stop_reason,
+                weight_version=self._version,
             )
+        )
 
     def _sample(self, rows: Sequence[_Row], logits: torch.Tensor) -> torch.Tensor:
         """Sample one token per unfinished row, record it, and decide whether the row is done."""
