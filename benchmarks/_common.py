@@ -93,5 +93,9 @@ def write_json(path: str | Path | None, data: dict[str, Any]) -> None:
     data = {**data, "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    # results are committed: paths inside the checkout are written relative to it
+    for root in {str(REPO), os.getcwd()}:
+        text = text.replace(json.dumps(root + os.sep)[1:-1], "")
+    target.write_text(text)
     print(f"wrote {target}", file=sys.stderr)
