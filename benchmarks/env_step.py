@@ -235,8 +235,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         r = result["rollout"]
         print(
             f"  peak {r['peak_tokens_per_s']} tok/s at {r['peak_concurrency']} concurrent "
-            f"episodes = {r['speedup_peak_vs_1']}x one at a time; saturated at "
-            f"{r['saturated_at'] or 'not reached'}"
+            f"episodes = {r['speedup_peak_vs_1']}x one at a time; "
+            + (
+                f"saturated at {r['saturated_at']} concurrent episodes"
+                if r["saturated_at"]
+                else "still growing at the last level run"
+            )
         )
     write_json(args.json, result)
     return result
