@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -86,6 +87,9 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+_ABSOLUTE_DIRS = re.compile(r"(?<=[\s\"'\[=(])/(?:[\w.+-]+/)+")
+
+
 def write_json(path: str | Path | None, data: dict[str, Any]) -> None:
     """Write ``data`` (with the load average at the end added) as indented JSON."""
     if not path:
@@ -97,5 +101,7 @@ def write_json(path: str | Path | None, data: dict[str, Any]) -> None:
     # results are committed: paths inside the checkout are written relative to it
     for root in {str(REPO), os.getcwd()}:
         text = text.replace(json.dumps(root + os.sep)[1:-1], "")
+    # ... and other absolute paths (other processes' command lines) keep only their last part
+    text = _ABSOLUTE_DIRS.sub("", text)
     target.write_text(text)
     print(f"wrote {target}", file=sys.stderr)
