@@ -32,9 +32,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import IO, Any, ClassVar, Self
 
 import httpx
@@ -125,6 +125,8 @@ class ServerProcess:
     _log: IO[bytes] | None
     die_with_parent: bool = True
     """End the server when this process dies (see the module docstring)."""
+    extra_env: Mapping[str, str] = MappingProxyType({})
+    """Variables set in the child on top of :meth:`environment` (e.g. ``OMP_NUM_THREADS``)."""
     _release: threading.Event | None = None
 
     def command(self) -> list[str]:
@@ -149,7 +151,7 @@ class ServerProcess:
             self.log_path = Path(name)
         else:
             self._log = self.log_path.open("ab")
-        command, env, log = self.command(), self.environment(), self._log
+        command, env, log = self.command(), {**self.environment(), **self.extra_env}, self._log
         preexec_fn = self.preexec_fn()
 
         def launch() -> subprocess.Popen[bytes]:

@@ -245,10 +245,10 @@ class TrajectoryBuffer:
         trained by its deadline, else the ``G`` most urgent once complete (module docstring).
         """
         g = self.groups_per_step
-        deadlines = self.deadlines()
         if self.batch_order == "admission":
             head = self.pending()[:g]
         else:
+            deadlines = self.deadlines()
             urgent = sorted(deadlines, key=lambda i: (deadlines[i], i))
             head = [i for i in urgent if i in self._ready][:g]
             if len(head) < g or not self._feasible(deadlines, set(head)):

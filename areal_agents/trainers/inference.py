@@ -17,7 +17,6 @@ generations in flight, swap the weights and continue them, tagging new tokens wi
 from __future__ import annotations
 
 import concurrent.futures
-import inspect
 import logging
 import shutil
 import time
@@ -74,13 +73,9 @@ def _create(
         from areal_agents.policies.server import BuiltinServer
 
         cls = BuiltinServer
-    if "die_with_parent" in inspect.signature(cls).parameters:
-        kwargs["die_with_parent"] = True  # no orphan server after a kill -9 of the trainer
+    # both launchers end their server with this process (die_with_parent, on by default)
     server = cls(model_dir, **kwargs)
-    threads = thread_env(cfg)
-    if threads:  # the child's environment is the server's own plus the thread settings
-        base = server.environment
-        server.environment = lambda: {**base(), **threads}
+    server.extra_env = thread_env(cfg)
     return server
 
 
