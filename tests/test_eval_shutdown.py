@@ -3,7 +3,6 @@ SIGTERM to eval (or a Ctrl-C) must stop that server before eval exits."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.policies.test_process import is_gone
+from tests.policies.test_process import is_gone, kill_and_reap
 
 pytestmark = [
     pytest.mark.integration,
@@ -80,8 +79,5 @@ def test_sigterm_to_eval_stops_its_builtin_server(tmp_path: Path) -> None:
         # Gone already when eval has exited: eval stopped it (not only the parent-death signal).
         assert is_gone(server), "eval exited and left its server running"
     finally:
-        evaluation.kill()
-        evaluation.wait()
+        kill_and_reap(evaluation, server)
         log.close()
-        if server is not None and not is_gone(server):
-            os.kill(server, signal.SIGKILL)

@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,6 +70,16 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return is_gone(pid)
 
 
+def kill_and_reap(process: subprocess.Popen[Any], *pids: int | None) -> None:
+    """Clean-up after a test: SIGKILL ``process`` and wait for it, then SIGKILL each of
+    ``pids`` (processes it started) that is still alive."""
+    process.kill()
+    process.wait()
+    for pid in pids:
+        if pid is not None and not is_gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 class Child(ServerProcess):
     """A ServerProcess running ``code`` in a Python child."""
 
@@ -104,10 +115,7 @@ def test_child_dies_when_the_parent_is_killed() -> None:
         parent.wait()
         assert wait_gone(child, 30), "the child outlived its SIGKILLed parent"
     finally:
-        parent.kill()
-        parent.wait()
-        if not is_gone(child):
-            os.kill(child, signal.SIGKILL)
+        kill_and_reap(parent, child)
 
 
 def test_without_die_with_parent_the_child_survives() -> None:
@@ -119,10 +127,7 @@ def test_without_die_with_parent_the_child_survives() -> None:
         time.sleep(1.5)
         assert not is_gone(child)
     finally:
-        parent.kill()
-        parent.wait()
-        if not is_gone(child):
-            os.kill(child, signal.SIGKILL)
+        kill_and_reap(parent, child)
 
 
 def test_stop_kills_a_child_that_ignores_sigterm() -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from areal_agents.policies.process import free_port
 from areal_agents.policies.server import BuiltinServer
-from tests.policies.test_process import is_gone, wait_gone
+from tests.policies.test_process import kill_and_reap, wait_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
 
@@ -100,10 +100,7 @@ def test_server_dies_with_its_sigkilled_launcher() -> None:
         launcher.wait()
         assert wait_gone(pid, 30), "the server outlived the SIGKILLed process that launched it"
     finally:
-        launcher.kill()
-        launcher.wait()
-        if not is_gone(pid):
-            os.kill(pid, signal.SIGKILL)
+        kill_and_reap(launcher, pid)
 
 
 def test_serve_exits_when_its_parent_pid_is_gone() -> None:
@@ -122,7 +119,4 @@ def test_serve_exits_when_its_parent_pid_is_gone() -> None:
         shell.wait()
         assert wait_gone(pid, 30), "serve outlived the process named by --parent-pid"
     finally:
-        shell.kill()
-        shell.wait()
-        if not is_gone(pid):
-            os.kill(pid, signal.SIGKILL)
+        kill_and_reap(shell, pid)
