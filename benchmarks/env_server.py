@@ -63,11 +63,12 @@ def _stats(samples_s: Sequence[float]) -> dict[str, float]:
 
 def start_server(env: str, max_sessions: int) -> tuple[subprocess.Popen[str], str]:
     """``python -m areal_agents.envs.serve`` on a free loopback port; returns it and its URL."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "areal_agents.envs.serve", f"env={env}", "--port", "0",
          "--max-sessions", str(max_sessions)],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
+        env={**os.environ, "PYTHONPATH": path},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -206,12 +207,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for clients in levels:
                 row = {"transport": transport, **load(target, clients, args.seconds)}
                 result["load"].append(row)
-                step = row["step"]
+                ms = {k: row["step"].get(f"{k}_us", 0) / 1000 for k in ("median", "p90", "p99")}
                 print(
                     f"{transport:10s} {clients:>7d} {row['sessions_per_s']:>10.1f} "
-                    f"{row['steps_per_s']:>8.1f} {step.get('median_us', 0) / 1000:>7.2f}ms "
-                    f"{step.get('p90_us', 0) / 1000:>6.2f}ms {step.get('p99_us', 0) / 1000:>6.2f}ms "
-                    f"{row['errors']:>6d}"
+                    f"{row['steps_per_s']:>8.1f} {ms['median']:>7.2f}ms "
+                    f"{ms['p90']:>6.2f}ms {ms['p99']:>6.2f}ms {row['errors']:>6d}"
                 )
     finally:
         proc.terminate()

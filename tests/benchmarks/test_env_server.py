@@ -28,7 +28,7 @@ def test_overhead_and_load_on_a_real_server_process(
         assert overhead[name]["step"]["n"] == 30  # a tool-call step and an answer per episode
         assert overhead[name]["reset"]["n"] == 15
     for name in ("http", "websocket"):  # derived from the medians it printed
-        expected = (overhead[name]["step"]["median_us"] - overhead["local"]["step"]["median_us"])
+        expected = overhead[name]["step"]["median_us"] - overhead["local"]["step"]["median_us"]
         assert overhead[name]["added_ms_per_step"] == pytest.approx(expected / 1000, abs=1e-3)
     rows = result["load"]
     assert [(r["transport"], r["clients"]) for r in rows] == [

@@ -383,7 +383,10 @@ def test_train_two_steps_of_the_tiny_model_against_a_served_environment(
     assert transcripts[0]["messages"][0]["role"] == "system"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_version"] == 2 and summary["env"] == served_calculator
-    assert (out / "report.html").is_file()
+    page = (out / "report.html").read_text()  # the run's page, refreshed at the last step
+    data = json.loads(page.split('id="run-data">')[1].split("</script>")[0])
+    assert data["finished"] and [r["step"] for r in data["metrics"]] == [1, 2]
+    assert all("tools/error_rate" in r and "time/train_s" in r for r in data["metrics"])
     host, port = parse_remote(served_calculator)[0].removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     conn.request("GET", "/health")
