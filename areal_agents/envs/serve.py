@@ -365,19 +365,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("args", nargs="+", metavar="env=ID [KEY=VALUE ...]")
+    parser.add_argument(
+        "args",
+        nargs="+",
+        metavar="env=ID|KEY=VALUE",
+        help="the environment (alias, id or module:Env-v0) and its keyword arguments",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8100, help="0: a free port (printed)")
-    parser.add_argument("--max-sessions", type=int, default=256, help="sessions open at once")
-    parser.add_argument("--idle-timeout-s", type=float, default=600.0, help="close idle sessions")
-    parser.add_argument("--drain-timeout-s", type=float, default=30.0, help="SIGTERM grace")
-    parser.add_argument("--threads", type=int, default=None, help="environment worker threads")
+    parser.add_argument("--port", type=int, default=8100, help="8100; 0: any free port")
+    parser.add_argument("--max-sessions", type=int, default=256, help="open at once (256)")
+    parser.add_argument(
+        "--idle-timeout-s", type=float, default=600.0, help="close sessions idle this long (600)"
+    )
+    parser.add_argument(
+        "--drain-timeout-s", type=float, default=30.0, help="longest drain on SIGTERM (30)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="environment threads (max sessions, <= 512)"
+    )
     parser.add_argument(
         "--client-kwargs",
         default=",".join(DEFAULT_CLIENT_KWARGS),
         help="comma-separated keyword arguments clients may set ('*': any; '': none)",
     )
-    parser.add_argument("--max-request-mb", type=float, default=64.0)
+    parser.add_argument("--max-request-mb", type=float, default=64.0, help="largest body (64)")
     parser.add_argument("--log-level", default="warning")
     ns = parser.parse_args(argv)
     env = [a for a in ns.args if a.startswith("env=")]

@@ -393,3 +393,37 @@ def test_train_two_steps_of_the_tiny_model_against_a_served_environment(
     stats = json.loads(conn.getresponse().read())
     assert stats["steps"] >= 8 and stats["sessions_opened"] >= 2  # it played every step
     assert stats["sessions"] == 0  # the workers closed their sessions when the run ended
+
+
+@pytest.mark.integration
+def test_eval_scores_a_served_environment_as_it_scores_the_local_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a strict fake OpenAI endpoint, which rejects a tool message that answers no
+    tool call: the conversation a remote episode sends must be the local one."""
+    from areal_agents.eval import main
+    from tests.policies.fake_openai import FakeOpenAI
+    from tests.test_eval import CalculatorAgent
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    monkeypatch.delenv("AREAL_API_KEY", raising=False)
+    outcomes = []
+    with EnvServer("calculator") as env_server:
+        for env in ("calculator", f"remote:{env_server.url.replace('http', 'ws')}/calculator"):
+            with FakeOpenAI(CalculatorAgent()).running() as fake:
+                out = tmp_path / str(len(outcomes))
+                summary = main(
+                    [f"env={env}", f"policy.base_url={fake.base_url}", "policy.model=scripted",
+                     f"output_dir={out}", "progress=false", "num_episodes=6",
+                     "samples_per_task=2", "concurrency=3"]
+                )  # fmt: skip
+            records = read_jsonl(out / "transcripts.jsonl")  # which sample of a task answers
+            # first (and right) depends on timing: compare the episodes as a set
+            outcomes.append(
+                (summary, sorted((r["reward"], json.dumps(r["messages"])) for r in records))
+            )
+    (local, local_records), (remote, remote_records) = outcomes
+    assert remote["episodes_dropped"] == 0 and remote["mean_reward"] == local["mean_reward"] == 0.5
+    for key in ("pass@1", "pass@2", "tool_errors", "turns_per_episode", "tool_calls_per_episode"):
+        assert remote[key] == local[key], key
+    assert remote_records == local_records

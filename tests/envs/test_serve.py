@@ -8,6 +8,7 @@ WebSocket to it, as a client in another language would; the command-line tests s
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -286,6 +287,7 @@ def start_cli(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
 @pytest.mark.integration
 def test_cli_serves_a_user_module_and_drains_in_flight_steps_on_sigterm(tmp_path: Path) -> None:
     proc, url = start_cli(tmp_path, "env=acme_slow:acme/Slow-v0", "max_turns=3")
+    stack = contextlib.ExitStack()
     try:
         assert url.startswith("http://127.0.0.1:")
         client = Client(url)
@@ -298,8 +300,12 @@ def test_cli_serves_a_user_module_and_drains_in_flight_steps_on_sigterm(tmp_path
                 Client(url).post("step", {"session_id": sid, "action": "1.5"})
             )
         )
+        ws = stack.enter_context(connect(url.replace("http", "ws") + "/ws"))
+        ws.send(json.dumps({"op": "reset", "id": 1, "seed": 1}))
+        ws_sid = json.loads(ws.recv(timeout=30))["result"]["session_id"]
         step.start()
-        time.sleep(0.5)  # the step is sleeping in the environment now
+        ws.send(json.dumps({"op": "step", "id": 2, "session_id": ws_sid, "action": "1.5"}))
+        time.sleep(0.5)  # both steps are sleeping in their environments now
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         late = Client(url)
@@ -313,8 +319,11 @@ def test_cli_serves_a_user_module_and_drains_in_flight_steps_on_sigterm(tmp_path
         assert result[0][1]["reward"] == 1.0 and result[0][1]["info"]["reward_details"] == {
             "slept": 1.5
         }
+        over_ws = json.loads(ws.recv(timeout=30))  # the WebSocket's step is answered too
+        assert over_ws["id"] == 2 and over_ws["status"] == 200 and over_ws["result"]["terminated"]
         assert proc.wait(timeout=30) == 0
     finally:
+        stack.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
