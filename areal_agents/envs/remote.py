@@ -40,6 +40,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import gymnasium as gym
 
+from areal_agents.envs.base import Task
 from areal_agents.envs.wire import (
     decode_value,
     dumps,
@@ -172,7 +173,11 @@ class _Transport:
 
 
 class _TransportError(Exception):
-    pass
+    """Nothing came back; ``timed_out``: the server took longer than ``timeout_s`` to answer."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class _Http(_Transport):
@@ -191,6 +196,7 @@ class _Http(_Transport):
         data = dumps(body)
         for fresh in (False, True):
             reused = self.conn is not None
+            sent = False
             try:
                 if self.conn is None:
                     kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
@@ -198,6 +204,7 @@ class _Http(_Transport):
                     self.conn.connect()
                     self.conn.sock.settimeout(self.options.timeout_s)
                 self.conn.request("POST", f"/{op}", body=data, headers=_HEADERS)
+                sent = True
                 response = self.conn.getresponse()
                 raw = response.read()
                 if response.will_close:
@@ -210,7 +217,9 @@ class _Http(_Transport):
                 stale = isinstance(e, http.client.RemoteDisconnected | BrokenPipeError)
                 if reused and stale and not fresh:
                     continue
-                raise _TransportError(f"{type(e).__name__}: {e}") from None
+                raise _TransportError(
+                    f"{type(e).__name__}: {e}", timed_out=sent and isinstance(e, TimeoutError)
+                ) from None
         try:
             return response.status, json.loads(raw)
         except ValueError:
@@ -244,6 +253,7 @@ class _WebSocket(_Transport):
         from websockets.exceptions import WebSocketException
         from websockets.sync.client import connect
 
+        sent = False
         try:
             if self.ws is None:
                 self.stack = contextlib.ExitStack()  # connections are context managers now
@@ -258,13 +268,15 @@ class _WebSocket(_Transport):
                 )
             self.counter += 1
             self.ws.send(dumps({"op": op, "id": self.counter, **body}).decode())
+            sent = True
             while True:
                 reply = json.loads(self.ws.recv(timeout=self.options.timeout_s))
                 if reply.get("id") == self.counter:
                     break
         except (OSError, TimeoutError, WebSocketException) as e:
             self.close()  # reconnect on the next call
-            raise _TransportError(f"{type(e).__name__}: {e}") from None
+            timed_out = sent and isinstance(e, TimeoutError)  # sent, and no answer in time
+            raise _TransportError(f"{type(e).__name__}: {e}", timed_out=timed_out) from None
         return int(reply["status"]), reply.get("result") or {"error": reply.get("error")}
 
     def close(self) -> None:
@@ -347,6 +359,10 @@ class RemoteEnv(gym.Env[Any, Any]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
+        if options and isinstance(options.get("task"), Task):  # as Task.from_mapping reads it
+            task = options["task"]
+            row = {**task.metadata, "id": task.id, "prompt": task.prompt, "answer": task.answer}
+            options = {**options, "task": row}
         body: dict[str, Any] = {"seed": seed, "options": options}
         if self.session_id is not None:
             try:
@@ -418,6 +434,11 @@ class RemoteEnv(gym.Env[Any, Any]):
             try:
                 status, answer = self._transport.call(op, payload)
             except _TransportError as e:
+                if e.timed_out:  # a retry would wait for the same stuck call: give up now
+                    raise EnvServerError(
+                        f"{op} on {self.url}: no answer within {self.connection.timeout_s:g} s "
+                        "(ConnectionOptions.timeout_s)"
+                    ) from None
                 problem = str(e)
                 continue
             if status == 200:

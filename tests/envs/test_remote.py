@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from areal_agents.envs import make_env, register_builtin_envs, resolve_env_id
+from areal_agents.envs import Task, make_env, register_builtin_envs, resolve_env_id
 from areal_agents.envs import remote as remote_module
 from areal_agents.envs.remote import (
     ConnectionOptions,
@@ -112,21 +113,21 @@ def play(env: gym.Env[Any, Any], seed: int, actions: list[Action]) -> list[bytes
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_remote_results_are_byte_identical_to_local_ones(name: str) -> None:
     kwargs, actions = SCRIPTS[name]
+    local = make_env(name, **kwargs)
+    expected = {seed: play(local, seed, actions) for seed in (0, 1, 2)}
     with EnvServer(name, env_kwargs=kwargs) as server:
-        local = make_env(name, **kwargs)
         for url in (server.url, server.url.replace("http", "ws")):
             remote = make_env(f"remote:{url}/{name}")
             assert isinstance(remote.unwrapped, RemoteEnv)
             assert remote.observation_space == local.observation_space
             assert remote.action_space == local.action_space
-            for seed in (0, 1, 2):
-                expected = play(local, seed, actions)
-                assert len(expected) > 2
-                assert play(remote, seed, actions) == expected, (name, url, seed)
+            for seed, results in expected.items():
+                assert len(results) > 2
+                assert play(remote, seed, actions) == results, (name, url, seed)
             remote.close()
-        local.close()
+    local.close()
     if name == "calculator":  # the script's correct answer was scored the same both ways
-        assert json.loads(expected[-1])[1] == 1.0
+        assert all(json.loads(results[-1])[1] == 1.0 for results in expected.values())
 
 
 def test_check_env_passes_and_spaces_follow_the_kwargs() -> None:
@@ -258,7 +259,7 @@ def test_an_idle_session_is_reopened_by_reset_and_lost_to_step() -> None:
         env.reset(seed=0)
         first = env.session_id
         while server.manager.health()["sessions"]:
-            __import__("time").sleep(0.05)
+            time.sleep(0.05)
         with pytest.raises(SessionLostError, match="without a request"):
             env.step("\\boxed{1}")
         obs, _ = env.reset(seed=0)  # a new episode needs nothing from the old session
@@ -291,6 +292,60 @@ def test_errors_of_the_remote_environment_surface_as_they_would_locally() -> Non
         env.close()
 
 
+def test_a_task_given_in_the_options_reaches_the_server_as_it_reaches_the_local_env() -> None:
+    task = Task(id="t1", prompt="What is 2 + 2?", answer=4, metadata={"expression": "2 + 2"})
+    with EnvServer("calculator") as server:
+        local, remote = make_env("calculator"), RemoteEnv(server.url, "calculator")
+        for options in ({"task": task}, {"task": {"id": "t2", "prompt": "5?", "answer": 5}}):
+            assert json.dumps(remote.reset(options=options)) == json.dumps(
+                local.reset(options=options)
+            )
+            assert remote.step("\\boxed{4}")[1] == local.step("\\boxed{4}")[1]
+        remote.close()
+
+
+def counting(real: Callable[..., Any], calls: list[str]) -> Callable[..., Any]:
+    """A transport ``call`` that notes each operation it sends."""
+
+    def call(self: Any, op: str, body: dict[str, Any]) -> Any:
+        calls.append(op)
+        return real(self, op, body)
+
+    return call
+
+
+def test_a_step_that_outlasts_the_timeout_fails_at_once_without_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with EnvServer("test_remote/Slow-v0") as server:
+        options = {"timeout_s": 0.3, "retries": 5, "backoff_s": 0.01}
+        for url in (server.url, server.url.replace("http", "ws")):
+            env = RemoteEnv(url, connection=options)
+            env.reset(seed=0)
+            calls: list[str] = []
+            monkeypatch.setattr(
+                type(env._transport), "call", counting(type(env._transport).call, calls)
+            )
+            with pytest.raises(EnvServerError, match=r"no answer within 0\.3 s"):
+                env.step(1)  # the environment takes 1 s: a retry would only wait for it again
+            assert calls == ["step"]
+            monkeypatch.undo()
+            env.close()
+
+
+class SlowEnv(gym.Env[int, int]):
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[int, dict[str, Any]]:
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action: Any) -> Any:
+        time.sleep(1.0)
+        return 1, 1.0, True, False, {}
+
+
 class BuggyEnv(gym.Env[int, int]):
     observation_space = gym.spaces.Discrete(2)
     action_space = gym.spaces.Discrete(2)
@@ -303,8 +358,9 @@ class BuggyEnv(gym.Env[int, int]):
         return 1 // 0
 
 
-if "test_remote/Buggy-v0" not in gym.registry:
-    gym.register(id="test_remote/Buggy-v0", entry_point=BuggyEnv)
+for _id, _env in (("test_remote/Buggy-v0", BuggyEnv), ("test_remote/Slow-v0", SlowEnv)):
+    if _id not in gym.registry:
+        gym.register(id=_id, entry_point=_env)
 
 
 def test_remote_names_parse_and_register() -> None:
