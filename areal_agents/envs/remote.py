@@ -318,6 +318,10 @@ class RemoteEnv(gym.Env[Any, Any]):
     ) -> None:
         base, path_id, from_query = parse_remote(url)
         if isinstance(connection, Mapping):
+            known = {f.name for f in dataclasses.fields(ConnectionOptions)}
+            unknown = sorted(set(connection) - known)
+            if unknown:
+                raise ConfigError(f"unknown connection options {unknown}; known: {sorted(known)}")
             connection = ConnectionOptions(**connection)
         self.url = base
         self.connection = connection or from_query

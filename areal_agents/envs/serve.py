@@ -39,7 +39,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import FrameType, TracebackType
 from typing import Any, Self
 
@@ -68,7 +68,7 @@ class _Pending:
         self.count = 0
 
     @contextlib.contextmanager
-    def hold(self) -> Any:
+    def hold(self) -> Iterator[None]:
         self.count += 1
         try:
             yield

@@ -377,6 +377,8 @@ def test_remote_names_parse_and_register() -> None:
         parse_remote("remote:http://127.0.0.1:9/calculator?timeout=5")
     with pytest.raises(ConfigError, match="positive"):
         ConnectionOptions(timeout_s=0)
+    with pytest.raises(ConfigError, match=r"unknown connection options \['timeout'\]"):
+        RemoteEnv("http://127.0.0.1:9", connection={"timeout": 1})
 
 
 # ---- the trainer against a served environment -------------------------------------------

@@ -29,6 +29,7 @@ from websockets.sync.client import connect
 from areal_agents.envs import register_builtin_envs
 from areal_agents.envs.base import MultiTurnEnv, Score, Task
 from areal_agents.envs.serve import EnvServer
+from areal_agents.envs.serve import main as serve_main
 from areal_agents.envs.sessions import SessionManager
 from areal_agents.errors import ConfigError, UnknownEnvironmentError
 
@@ -329,20 +330,15 @@ def test_cli_serves_a_user_module_and_drains_in_flight_steps_on_sigterm(tmp_path
             proc.wait()
 
 
-def test_cli_rejects_a_missing_or_unknown_environment(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "areal_agents.envs.serve", "env=no_such_env", "--port", "0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2 and "unknown environment 'no_such_env'" in done.stderr
-    done = subprocess.run(
-        [sys.executable, "-m", "areal_agents.envs.serve", "max_turns=3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2 and "env=ID" in done.stderr
+def test_cli_rejects_a_missing_or_unknown_environment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(["env=no_such_env", "--port", "0"])
+    assert exit_.value.code == 2 and "unknown environment 'no_such_env'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(["max_turns=3"])
+    assert exit_.value.code == 2 and "env=ID" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(["env=calculator", "max_turns"])
+    assert exit_.value.code == 2 and "KEY=VALUE" in capsys.readouterr().err
