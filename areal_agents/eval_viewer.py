@@ -18,10 +18,23 @@ __all__ = ["VIEWER_TEMPLATE", "render_viewer", "write_viewer"]
 #: The HTML page; ``/*__AREAL_EVAL_DATA__*/`` is replaced by the data.
 VIEWER_TEMPLATE = Path(__file__).with_name("eval_viewer.html")
 _SLOT = "/*__AREAL_EVAL_DATA__*/"
+_HEAD = "<!--__AREAL_REPORT_HEAD__-->"
+_BODY = "<!--__AREAL_REPORT_BODY__-->"
 
 
-def render_viewer(records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
+def render_viewer(
+    records: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any],
+    *,
+    head: str = "",
+    body: str = "",
+) -> str:
     """The viewer page with ``records`` (transcript lines) and ``summary`` embedded.
+
+    ``head`` and ``body`` are HTML put at the end of ``<head>`` and right after the page header
+    (the run report adds its charts there). A ``summary["title"]`` replaces the page title;
+    records with a ``step`` can be filtered by step, and records with a grading status
+    (``info.reward_details.status`` or ``info.outcome``) by status.
 
     >>> page = render_viewer([], {"env": "x", "model": "m", "pass_threshold": 1.0})
     >>> "</script><script>" in page, '"episodes": []' in page
@@ -30,7 +43,8 @@ def render_viewer(records: Sequence[Mapping[str, Any]], summary: Mapping[str, An
     data = json.dumps({"episodes": list(records), "summary": dict(summary)}, ensure_ascii=False)
     # Inside <script>, "</" could close the element early: escape it (JSON allows "<\/").
     data = data.replace("</", "<\\/").replace("<!--", "<\\u0021--")
-    return VIEWER_TEMPLATE.read_text().replace(_SLOT, data)
+    page = VIEWER_TEMPLATE.read_text().replace(_SLOT, data)
+    return page.replace(_HEAD, head, 1).replace(_BODY, body, 1)
 
 
 def write_viewer(

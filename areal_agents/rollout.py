@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium as gym
 
 from areal_agents.envs.base import MultiTurnEnv
+from areal_agents.envs.remote import RemoteEnv
 from areal_agents.policies.base import Policy
 from areal_agents.types import Message, ToolSpec, Trajectory, Turn
 
@@ -102,7 +103,7 @@ async def run_episode(
     task_id = str(info.get("task_id", ""))
     tools = [ToolSpec.from_openai(t) for t in info.get("tools", ())]
     conversation = [Message.from_openai(m) for m in obs]
-    base = env.unwrapped if isinstance(env.unwrapped, MultiTurnEnv) else None
+    base = env.unwrapped if isinstance(env.unwrapped, MultiTurnEnv | RemoteEnv) else None
     turns: list[Turn] = []
     reward, terminated, truncated = 0.0, False, False
     while not (terminated or truncated):

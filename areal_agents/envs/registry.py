@@ -48,6 +48,10 @@ def register_builtin_envs() -> None:
 
 def resolve_env_id(name: str) -> str:
     """The Gymnasium id for a short alias or an id; unknown plain names fail with a hint."""
+    if name.startswith("remote:"):  # an environment server: a RemoteEnv id (envs/remote.py)
+        from areal_agents.envs.remote import register_remote
+
+        return register_remote(name)
     if name in ALIASES:
         return ALIASES[name]
     if name in gym.registry or ":" in name:

@@ -47,6 +47,7 @@ from areal_agents.trainers.inference import (
 from areal_agents.trainers.learner_group import LearnerGroup
 from areal_agents.trainers.metrics import MetricsLogger, write_summary
 from areal_agents.trainers.modeling import resolve_model_dir
+from areal_agents.trainers.report import refresh_report, tool_metrics
 from areal_agents.trainers.runtime import (
     RolloutWorkerActor,
     choose_run_dir,
@@ -156,8 +157,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             }
             metrics = step_metrics(step, groups, learn, stats, times)
             metrics["server/weight_version"] = min(sync.served_versions)
+            metrics.update(tool_metrics(t.metadata for t in trajectories))
             log.log(step, metrics)
             log.transcripts(step, sample_transcripts(groups, cfg.log.transcripts_per_step))
+            refresh_report(run_dir)  # runs/<name>/report.html, replaced atomically
             bar.update(1)
             bar.set_postfix(
                 reward=f"{metrics['reward/mean']:.3f}",
@@ -186,6 +189,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         }
         summary = write_summary(run_dir, extra)
         write_transcript_viewer(run_dir, summary)
+        refresh_report(run_dir)
         print_summary(summary)
         return summary
     finally:

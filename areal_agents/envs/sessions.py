@@ -1,0 +1,508 @@
+"""The sessions of the environment server: one environment instance each, run off the event loop.
+
+:class:`SessionManager` is the transport-free core of ``python -m areal_agents.envs.serve``: the
+HTTP routes and the WebSocket loop both call its coroutines with the request's JSON body and send
+back what they return (or the :class:`RequestError` they raise).
+
+* ``reset`` without a ``session_id`` opens a session: ``gym.make`` of the served environment with
+  the server's keyword arguments and those the client may set. ``step``, ``render`` and ``close``
+  take the id. Ids are random and unguessable; sessions never share an environment instance.
+* Every environment call runs in a worker thread (tools block on sandboxes), one at a time per
+  session and in arrival order; sessions run concurrently.
+* A ``request_id`` makes a retried ``reset`` or ``step`` safe: a request whose id the session has
+  seen gets the result of the first one (waiting for it if it still runs) instead of a second
+  application. Opening a session is deduplicated the same way.
+* ``max_sessions`` bounds open sessions (``503 TooManySessions``); sessions idle for
+  ``idle_timeout_s`` are closed by :meth:`SessionManager.reap_idle`; after
+  :meth:`SessionManager.start_draining` new work gets ``503 ServerDraining`` while the calls under
+  way finish (:attr:`SessionManager.in_flight`).
+* Whatever an environment raises is caught in its thread and answered as an error of that request
+  only; it never reaches the event loop or another session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import importlib
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import gymnasium as gym
+
+from areal_agents.envs.base import MultiTurnEnv
+from areal_agents.envs.registry import ALIASES, resolve_env_id
+from areal_agents.envs.wire import (
+    PROTOCOL_VERSION,
+    decode_value,
+    space_to_dict,
+    turn_from_dict,
+)
+from areal_agents.errors import ConfigError, InfrastructureError, UnknownEnvironmentError
+
+__all__ = ["DEFAULT_CLIENT_KWARGS", "RequestError", "SessionManager", "canonical_env_id"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Keyword arguments a client may pass to ``gym.make`` unless the server says otherwise: they
+#: shape episodes but cannot reach the server's files or weaken its sandbox.
+DEFAULT_CLIENT_KWARGS = ("max_turns", "max_tool_output_chars", "render_mode", "system_prompt")
+
+_MEMORY = 1024  # results of session openings, and ids of expired sessions, remembered
+_RESULTS_PER_SESSION = 8  # results kept per session for retried requests
+
+
+class RequestError(Exception):
+    """A request that cannot be served: an HTTP status, an error type and a message."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": {"type": self.kind, "message": self.message}}
+
+
+def canonical_env_id(name: str) -> str:
+    """The Gymnasium id ``name`` stands for: aliases resolved, a ``module:`` prefix dropped.
+
+    >>> canonical_env_id("calculator"), canonical_env_id("acme.tasks:acme/Echo-v0")
+    ('areal_agents/Calculator-v0', 'acme/Echo-v0')
+    """
+    name = ALIASES.get(name, name)
+    return name.rpartition(":")[2] if ":" in name else name
+
+
+@dataclass
+class _Session:
+    id: str
+    env: gym.Env[Any, Any]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+    results: OrderedDict[str, asyncio.Task[Any]] = field(default_factory=OrderedDict)
+    closed: bool = False
+
+
+class SessionManager:
+    """The sessions of one served environment (see the module docstring).
+
+    Args:
+        env: the environment's alias, Gymnasium id or ``module:Env-v0`` (as ``env=`` takes it).
+        env_kwargs: keyword arguments of every ``gym.make``; clients cannot change them.
+        client_kwargs: keys clients may add to them (``("*",)``: any key).
+        max_sessions: sessions open at once.
+        idle_timeout_s: a session unused for this long is closed.
+        threads: worker threads for environment calls (default: ``max_sessions``, at most 512).
+    """
+
+    def __init__(
+        self,
+        env: str,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        client_kwargs: Iterable[str] = DEFAULT_CLIENT_KWARGS,
+        max_sessions: int = 256,
+        idle_timeout_s: float = 600.0,
+        threads: int | None = None,
+    ) -> None:
+        if max_sessions < 1:
+            raise ConfigError(f"max_sessions={max_sessions}: must be at least 1")
+        if idle_timeout_s <= 0:
+            raise ConfigError(f"idle_timeout_s={idle_timeout_s}: must be positive seconds")
+        self.env_name = env
+        self.env_id = resolve_env_id(env)
+        self.env_kwargs = dict(env_kwargs or {})
+        self.client_kwargs = frozenset(client_kwargs)
+        self.max_sessions = max_sessions
+        self.idle_timeout_s = idle_timeout_s
+        self.draining = False
+        self.in_flight = 0
+        self.opened = 0  # sessions opened since start
+        self.steps = 0  # steps applied since start
+        self._count_lock = threading.Lock()
+        self.started = time.monotonic()
+        self._sessions: dict[str, _Session] = {}
+        self._opening: OrderedDict[str, asyncio.Task[Any]] = OrderedDict()  # by request id
+        self._expired: OrderedDict[str, str] = OrderedDict()  # session id -> why it is gone
+        self._spaces: dict[str, dict[str, Any]] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            threads or min(max_sessions, 512), thread_name_prefix="areal-env"
+        )
+        module, _, self._make_id = self.env_id.rpartition(":")
+        try:
+            if module:  # Gymnasium's "module:Env-v0": the module registers the environment
+                importlib.import_module(module)
+            gym.spec(self._make_id)
+        except (ImportError, gym.error.Error) as e:
+            raise UnknownEnvironmentError(f"cannot serve {env!r}: {e}") from None
+
+    # ---- what the transports call ------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """``GET /health``: status, the served environment and the load."""
+        return {
+            "status": "draining" if self.draining else "ok",
+            "env": self.env_name,
+            "env_id": canonical_env_id(self.env_id),
+            "protocol": PROTOCOL_VERSION,
+            "sessions": len(self._sessions),
+            "max_sessions": self.max_sessions,
+            "in_flight": self.in_flight,
+            "sessions_opened": self.opened,
+            "steps": self.steps,
+            "idle_timeout_s": self.idle_timeout_s,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+        }
+
+    async def spaces(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /spaces``: the spaces and metadata an environment made with ``kwargs`` has."""
+        self._check_env_id(body)
+        kwargs = self._kwargs(body)
+        key = json.dumps(kwargs, sort_keys=True, default=repr)
+        if key not in self._spaces:
+
+            def describe() -> dict[str, Any]:
+                env = self._make(kwargs)
+                try:
+                    return self._describe(env)
+                finally:
+                    env.close()
+
+            async with self._track():
+                described = await self._call(describe)
+            if len(self._spaces) >= 256:  # distinct argument sets are few; bound them anyway
+                self._spaces.clear()
+            self._spaces[key] = described
+        return self._spaces[key]
+
+    async def reset(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /reset``: a new episode, in a new session when ``session_id`` is absent."""
+        seed = body.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise RequestError(
+                400, "BadRequest", f"'seed' must be an integer or null, got {seed!r}"
+            )
+        options = body.get("options")
+        if options is not None and not isinstance(options, dict):
+            raise RequestError(400, "BadRequest", "'options' must be an object or null")
+        request_id = _request_id(body)
+        session_id = body.get("session_id")
+        if session_id is not None:
+            session = self._session(session_id)
+            async with self._track():
+                return await self._once(session, request_id, self._resetter(session, body))
+        if request_id is not None and request_id in self._opening:  # a retried open
+            return await asyncio.shield(self._opening[request_id])
+        async with self._track():
+            task = asyncio.ensure_future(self._open_and_reset(body, request_id))
+            if request_id is not None:
+                self._opening[request_id] = task
+                while len(self._opening) > _MEMORY:
+                    self._opening.popitem(last=False)
+            return await asyncio.shield(task)
+
+    def _resetter(
+        self, session: _Session, body: Mapping[str, Any], created: bool = False
+    ) -> Callable[[], dict[str, Any]]:
+        def reset() -> dict[str, Any]:
+            obs, info = session.env.reset(seed=body.get("seed"), options=body.get("options"))
+            out = {"session_id": session.id, "observation": obs, "info": info}
+            if created:
+                out.update(self._describe(session.env))
+            return out
+
+        return reset
+
+    async def _open_and_reset(
+        self, body: Mapping[str, Any], request_id: str | None
+    ) -> dict[str, Any]:
+        self._check_env_id(body)
+        kwargs = self._kwargs(body)
+        if len(self._sessions) >= self.max_sessions:
+            raise RequestError(
+                503,
+                "TooManySessions",
+                f"{len(self._sessions)} sessions are open, the limit (--max-sessions) is "
+                f"{self.max_sessions}; close sessions or retry later",
+            )
+        session = _Session(secrets.token_urlsafe(16), env=None)  # type: ignore[arg-type]
+        self._sessions[session.id] = session  # counts against the limit while it is made
+        self.opened += 1
+        async with session.lock:  # the reaper leaves it alone meanwhile
+            try:
+                session.env = await self._call(lambda: self._make(kwargs))
+            except BaseException:
+                self._sessions.pop(session.id, None)
+                raise
+        try:
+            return await self._once(session, request_id, self._resetter(session, body, True))
+        except RequestError:  # the client never learns the id: do not leave the session open
+            if self._sessions.pop(session.id, None) is not None:
+                await self._close(session)
+            raise
+
+    async def step(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /step``: apply ``action`` (``action_kind`` ``"turn"`` for a Turn dict)."""
+        session = self._session(body.get("session_id"))
+        if "action" not in body:
+            raise RequestError(400, "BadRequest", "a step needs 'action'")
+        kind = body.get("action_kind", "value")
+        if kind not in ("value", "turn"):
+            raise RequestError(
+                400, "BadRequest", f"'action_kind' is 'value' or 'turn', not {kind!r}"
+            )
+        request_id = _request_id(body)
+        async with self._track():
+
+            def step() -> dict[str, Any]:
+                env = session.env
+                if kind == "turn":
+                    if not isinstance(body["action"], dict):
+                        raise ValueError("a turn action must be an object with 'text'")
+                    action = turn_from_dict(body["action"])
+                else:
+                    action = decode_value(env.action_space, body["action"])
+                obs, reward, terminated, truncated, info = env.step(action)
+                with self._count_lock:
+                    self.steps += 1
+                out = {
+                    "observation": obs,
+                    "reward": reward,
+                    "terminated": terminated,
+                    "truncated": truncated,
+                    "info": info,
+                }
+                base = env.unwrapped
+                if isinstance(base, MultiTurnEnv) and base.messages:
+                    # the assistant message as the environment recorded it (tool-call ids it
+                    # assigned), so a remote client can keep the same conversation
+                    new = len(obs) if isinstance(obs, list) else 0
+                    recorded = base.messages[-new - 1] if len(base.messages) > new else None
+                    if recorded is not None and recorded.role == "assistant":
+                        out["assistant"] = recorded.to_openai()
+                return out
+
+            return await self._once(session, request_id, step)
+
+    async def render(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /render``: what ``env.render()`` returns (text for ``render_mode="ansi"``)."""
+        session = self._session(body.get("session_id"))
+        async with self._track():
+            return await self._once(session, None, lambda: {"render": session.env.render()})
+
+    async def close(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /close``: close the session (idempotent: ``closed`` says whether it was open)."""
+        session_id = body.get("session_id")
+        if not isinstance(session_id, str):
+            raise RequestError(400, "BadRequest", "'session_id' must be a string")
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return {"closed": False}
+        self._forget(session_id, "closed by the client")
+        async with self._track():
+            await self._close(session)
+        return {"closed": True}
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start_draining(self) -> None:
+        """Refuse new work from now on; what runs finishes (watch :attr:`in_flight`)."""
+        self.draining = True
+
+    async def reap_idle(self) -> int:
+        """Close sessions unused for ``idle_timeout_s``; returns how many."""
+        now = time.monotonic()
+        idle = [
+            s
+            for s in self._sessions.values()
+            if not s.lock.locked() and now - s.last_used > self.idle_timeout_s
+        ]
+        for session in idle:
+            self._sessions.pop(session.id, None)
+            self._forget(session.id, f"closed after {self.idle_timeout_s:g} s without a request")
+        await asyncio.gather(*(self._close(s) for s in idle))
+        if idle:
+            logger.info("closed %d idle session(s)", len(idle))
+        return len(idle)
+
+    async def run_reaper(self) -> None:
+        """Reap idle sessions until cancelled."""
+        while True:
+            await asyncio.sleep(min(self.idle_timeout_s / 4, 5.0))
+            await self.reap_idle()
+
+    async def close_all(self) -> None:
+        """Close every session (server shutdown), then the worker threads."""
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        for s in sessions:
+            self._forget(s.id, "the server shut down")
+        await asyncio.gather(*(self._close(s) for s in sessions))
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- machinery ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _track(self) -> AsyncIterator[None]:
+        if self.draining:
+            raise RequestError(503, "ServerDraining", "the server is shutting down")
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    def _check_env_id(self, body: Mapping[str, Any]) -> None:
+        wanted = body.get("env_id")
+        if wanted in (None, ""):
+            return
+        if not isinstance(wanted, str) or canonical_env_id(wanted) != canonical_env_id(self.env_id):
+            raise RequestError(
+                404,
+                "UnknownEnvironment",
+                f"this server serves {self.env_name!r} ({canonical_env_id(self.env_id)}), "
+                f"not {wanted!r}",
+            )
+
+    def _kwargs(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        given = body.get("kwargs") or {}
+        if not isinstance(given, dict):
+            raise RequestError(400, "BadRequest", "'kwargs' must be an object")
+        for key in given:
+            if key in self.env_kwargs and given[key] != self.env_kwargs[key]:
+                raise RequestError(
+                    403,
+                    "KwargNotAllowed",
+                    f"{key}={self.env_kwargs[key]!r} is fixed by the server; drop it "
+                    "from the client's environment arguments",
+                )
+            if "*" not in self.client_kwargs and key not in self.client_kwargs:
+                raise RequestError(
+                    403,
+                    "KwargNotAllowed",
+                    f"clients may not set {key!r} (allowed: {', '.join(sorted(self.client_kwargs))}"
+                    f"); set it on the server (--env-kwargs) or allow it (--client-kwargs {key})",
+                )
+        return {**self.env_kwargs, **given}
+
+    def _make(self, kwargs: Mapping[str, Any]) -> gym.Env[Any, Any]:
+        try:
+            return gym.make(self._make_id, **kwargs)
+        except TypeError as e:  # an argument the environment does not take
+            raise ConfigError(f"cannot make {self.env_id} with {dict(kwargs)}: {e}") from None
+
+    @staticmethod
+    def _describe(env: gym.Env[Any, Any]) -> dict[str, Any]:
+        metadata = {k: v for k, v in env.metadata.items() if k in ("render_modes", "render_fps")}
+        return {
+            "env_id": env.spec.id if env.spec is not None else None,
+            "observation_space": space_to_dict(env.observation_space),
+            "action_space": space_to_dict(env.action_space),
+            "metadata": metadata,
+            "render_mode": env.render_mode,
+        }
+
+    def _session(self, session_id: Any) -> _Session:
+        if not isinstance(session_id, str):
+            raise RequestError(400, "BadRequest", "'session_id' must be a string")
+        session = self._sessions.get(session_id)
+        if session is None or session.env is None:
+            why = self._expired.get(session_id, "no such session")
+            raise RequestError(404, "UnknownSession", f"session {session_id!r}: {why}")
+        session.last_used = time.monotonic()
+        return session
+
+    def _forget(self, session_id: str, why: str) -> None:
+        _remember(self._expired, session_id, why)
+
+    async def _once(self, session: _Session, request_id: str | None, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the session's turn; a request id seen before gets the first result."""
+        if request_id is not None and request_id in session.results:
+            return await asyncio.shield(session.results[request_id])
+
+        async def run() -> T:
+            async with session.lock:  # held until the thread is done, even if the caller left
+                if session.closed:
+                    raise RequestError(
+                        404, "UnknownSession", f"session {session.id!r}: closed meanwhile"
+                    )
+                try:
+                    return await self._call(fn)
+                finally:
+                    session.last_used = time.monotonic()
+
+        task = asyncio.ensure_future(run())
+        if request_id is not None:
+            session.results[request_id] = task
+            while len(session.results) > _RESULTS_PER_SESSION:
+                session.results.popitem(last=False)
+        return await asyncio.shield(task)
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` in a worker thread; what it raises becomes a :class:`RequestError`."""
+        box: list[Any] = []
+
+        def guarded() -> None:
+            try:
+                box.append(fn())
+            except BaseException as e:  # never let SystemExit & co. reach the event loop
+                box.append(_as_request_error(e))
+
+        await asyncio.get_running_loop().run_in_executor(self._pool, guarded)
+        result = box[0]
+        if isinstance(result, RequestError):
+            raise result
+        return result
+
+    async def _close(self, session: _Session) -> None:
+        async with session.lock:  # after the call under way, if any
+            session.closed = True
+            if session.env is None:
+                return
+            try:
+                await self._call(session.env.close)
+            except RequestError as e:
+                logger.warning("closing session %s failed: %s", session.id, e.message)
+
+
+def _request_id(body: Mapping[str, Any]) -> str | None:
+    value = body.get("request_id")
+    if value is not None and not isinstance(value, str):
+        raise RequestError(400, "BadRequest", "'request_id' must be a string or null")
+    return value or None
+
+
+def _remember(memory: OrderedDict[str, str], key: str, value: str) -> None:
+    memory[key] = value
+    while len(memory) > _MEMORY:
+        memory.popitem(last=False)
+
+
+def _as_request_error(e: BaseException) -> RequestError:
+    """The answer to an exception raised by an environment call."""
+    if isinstance(e, RequestError):
+        return e
+    text = f"{e}" or type(e).__name__
+    if isinstance(e, InfrastructureError):
+        return RequestError(503, type(e).__name__, text)
+    if isinstance(e, gym.error.ResetNeeded):
+        return RequestError(409, "ResetNeeded", text)
+    if isinstance(e, ConfigError):
+        return RequestError(422, type(e).__name__, text)
+    if isinstance(e, TypeError | ValueError | KeyError | gym.error.Error):
+        kind = "ValueError" if isinstance(e, KeyError) else type(e).__name__
+        return RequestError(400, kind, text)
+    logger.error("the environment raised", exc_info=e)
+    return RequestError(500, "EnvironmentError", f"{type(e).__name__}: {text}")
