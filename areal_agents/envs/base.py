@@ -11,15 +11,16 @@ The model's mistakes never raise: an action that is not text (see
 match the schema, a failing tool, more calls in one turn than ``max_tool_calls_per_turn`` and
 calls past the turn's time budget all become messages in the next observation and are counted
 in ``info["tool_errors"]``. A turn with such a problem is never taken as the final answer
-(unless it also calls the ``final_tool``). Only
-infrastructure faults (:class:`~areal_agents.errors.InfrastructureError`) propagate, so that
-the caller can drop the episode instead of scoring it.
+(unless it also calls the ``final_tool``). Only infrastructure faults
+(:class:`~areal_agents.errors.InfrastructureError`) propagate, so that the caller can drop the
+episode instead of scoring it.
 
 Bounds: one turn runs at most ``max_tool_calls_per_turn`` calls and spends at most
 ``turn_time_budget_s`` seconds in tools (a tool whose ``call`` takes ``timeout_s`` gets what is
 left of the budget as its limit; calls once it is spent are not run). Every observation
 message is valid UTF-8 and at most ``max_tool_output_chars`` long, and one observation holds
-at most ``max_tool_calls_per_turn + 2`` messages.
+at most ``max_tool_calls_per_turn + 3`` messages (the results, then up to three notes:
+an unusable reply, unparseable calls, refused calls).
 
 Subclasses implement :meth:`MultiTurnEnv.sample_task` and :meth:`MultiTurnEnv.score`, and
 usually :meth:`MultiTurnEnv.make_tools`; see ``areal_agents/envs/calculator.py`` for a
@@ -165,7 +166,7 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
                 f"final_tool={final_tool!r}{did_you_mean(final_tool, tool_names)}: "
                 f"not one of the tools ({', '.join(tool_names) or 'none'})"
             )
-        per_step = max_tool_calls_per_turn + 2  # tool results, parse problems, refused calls
+        per_step = max_tool_calls_per_turn + 3  # tool results and up to three notes
         self.observation_space = MessagesSpace(max_messages=max(64, 4 * max_turns + 4, per_step))
         self.action_space = TurnSpace(tool_names=tool_names)
 

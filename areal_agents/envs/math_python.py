@@ -90,9 +90,7 @@ class MathPythonEnv(MultiTurnEnv):
         **kwargs: Any,
     ) -> None:
         self.verifier = check_choice("verifier", verifier, MATH_VERIFIERS)
-        self.tools = check_names(
-            "tools", tools, ("python",), what="tool (MathPython-v0 offers only python)"
-        )
+        self.tools = check_names("tools", tools, ("python",), what="tool")
         self.tool_timeout_s = check_timeout("tool_timeout_s", tool_timeout_s)
         verify_timeout_s = check_timeout("verify_timeout_s", verify_timeout_s)
         datasets = check_names("datasets", datasets, what="dataset")
@@ -117,7 +115,9 @@ class MathPythonEnv(MultiTurnEnv):
         if turn_time_budget_s is None:
             turn_time_budget_s = 3 * self.tool_timeout_s
         super().__init__(max_turns=max_turns, turn_time_budget_s=turn_time_budget_s, **kwargs)
-        prewarm()  # start the grading process now, so that the first answer finds it warm
+        # start the grading process now, so that the first answer finds it warm
+        logic = self.verifier != "math_verify" and not set(datasets) <= NUMERIC_DATASETS
+        prewarm(modules=("areal_agents.rewards.logic",) if logic else ())
 
     def sample_task(self, rng: np.random.Generator) -> Task:
         return self.source.sample(rng)

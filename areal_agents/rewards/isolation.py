@@ -315,12 +315,18 @@ class GraderPool:
 
     # -- lifecycle
 
-    def start(self) -> None:
-        """Start the zygote now (without waiting for it), so that the first grade finds it warm."""
+    def start(self, *, modules: Sequence[str] = (), wait: bool = False) -> None:
+        """Start the zygote now, so that the first grade finds it warm.
+
+        ``modules`` are imported (and warmed) in it too when it is not running yet; otherwise
+        on their first use. ``wait=True`` waits (up to ``startup_timeout_s``) until it is ready.
+        """
         self._check_owner()
         with self._zlock:
             if self._state["proc"] is None:
-                self._spawn_zygote()
+                self._spawn_zygote(extra=modules)
+            if wait:
+                self._zygote(time.monotonic() + self.startup_timeout_s)
 
     def close(self) -> None:
         """Stop the zygote and every worker; a later :meth:`run` starts them again."""
@@ -352,10 +358,11 @@ class GraderPool:
             self._reset_state()
             self._finalizer = weakref.finalize(self, GraderPool._shutdown, self._state)
 
-    def _spawn_zygote(self) -> None:
+    def _spawn_zygote(self, extra: Sequence[str] = ()) -> None:
+        preload = list(dict.fromkeys([*self.preload, *extra]))
         parent_end, child_end = socket.socketpair()
         env = {**os.environ, **_SINGLE_THREADED}
-        env["AREAL_GRADER_PRELOAD"] = json.dumps(list(self.preload))
+        env["AREAL_GRADER_PRELOAD"] = json.dumps(preload)
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(child_end.fileno()), json.dumps(sys.path)],
@@ -370,7 +377,7 @@ class GraderPool:
         finally:
             child_end.close()
         self._state.update(proc=proc, conn=Connection(parent_end.detach()), ready=False)
-        self._zmodules = set(self.preload)
+        self._zmodules = set(preload)
 
     def _zygote(self, deadline: float) -> Connection:
         """The ready zygote's connection (caller holds ``_zlock``), started if needed."""
@@ -575,9 +582,10 @@ def default_pool() -> GraderPool:
         return _DEFAULT
 
 
-def prewarm() -> None:
-    """Start the default pool's zygote in the background (environments call this on creation)."""
-    default_pool().start()
+def prewarm(*, modules: Sequence[str] = (), wait: bool = False) -> None:
+    """Start the default pool's zygote (environments call this on creation, without waiting);
+    see :meth:`GraderPool.start`."""
+    default_pool().start(modules=modules, wait=wait)
 
 
 def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float, **kwargs: Any) -> T:
