@@ -8,6 +8,7 @@ episode going on. Configuration mistakes fail when the environment is built, nam
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -261,7 +262,7 @@ def test_the_turn_budget_clips_each_call_and_refuses_calls_once_spent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = _Clock()
-    monkeypatch.setattr("areal_agents.envs.base.time", clock)
+    monkeypatch.setattr(sys.modules[MultiTurnEnv.__module__], "time", clock)
     tool = _SleepTool(clock, limit=2.0)
     env = _SleepEnv(tool, turn_time_budget_s=5.0, max_tool_calls_per_turn=12)
     env.reset(seed=0)
