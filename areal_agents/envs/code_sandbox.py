@@ -176,7 +176,11 @@ class CodeSandboxEnv(MultiTurnEnv):
             tests = UnitTests.from_mapping(task.metadata)
         except ValueError as e:
             raise ConfigError(f"task {task.id!r} has no usable tests: {e}") from None
-        code = self._submitted_code(submission, tests.entry_point)
+        try:
+            code = self._submitted_code(submission, tests.entry_point)
+        except (MemoryError, RecursionError):  # Python's parser on a 100k-deep expression
+            error = "the submitted code nests too deeply for Python's parser"
+            return Score(0.0, RewardResult(0.0, "error", {"error": error}).to_details())
         if code is None:
             result = RewardResult(0.0, "no_answer", {"error": "no Python code block found"})
         else:

@@ -197,6 +197,21 @@ def test_well_formed_calls_next_to_malformed_ones_still_run() -> None:
     assert info["tool_errors"]["parse"] == 1
 
 
+@pytest.mark.parametrize("submit", ["text", "tool"])
+def test_a_submission_too_deep_for_pythons_parser_scores_an_error(submit: str) -> None:
+    env = make("areal_agents/CodeSandbox-v0")
+    try:
+        env.reset(options={"task_id": "gen/add/7"})
+        code = "def add(a, b):\n    return " + "-" * 100_000 + "a"
+        action = f"```python\n{code}\n```"
+        if submit == "tool":
+            action = tool_call(json.dumps({"name": "submit", "arguments": {"code": code}}))
+        _, reward, terminated, _, info = env.step(action)
+        assert terminated and reward == 0.0 and info["reward_details"]["status"] == "error"
+    finally:
+        env.close()
+
+
 # ---- E4: calls per turn and the turn's time budget ---------------------------------------
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import areal_agents  # noqa: F401  (registers the built-in environments)
@@ -44,7 +44,7 @@ ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=20
 FRAGMENTS = [
     "<tool_call>", "</tool_call>", "{", "}", "[", "]", '"', "\\", " ", "\n", "```json",
     '{"name": "', '", "arguments": ', "null", "9" * 5000, "\ud800", "\x00", "\\boxed{",
-    "<answer>", "</answer>", "```python\n", "é",
+    "<answer>", "</answer>", "```python\n", "def add(a, b): return ", "-", "(", "é",
 ]  # fmt: skip
 HUGE = st.lists(
     st.tuples(st.sampled_from(FRAGMENTS), st.sampled_from([1, 3, 1000, 100_000])), max_size=5
@@ -53,6 +53,13 @@ JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
     max_leaves=10,
+)
+# a final answer whose code nests deeply (Python's own parser gives up with MemoryError)
+DEEP_CODE = st.builds(
+    lambda op, n, close: f"```python\ndef add(a, b):\n    return {op * n}a{close * n}\n```",
+    st.sampled_from(["-", "(", "not ", "~", "["]),
+    st.sampled_from([10, 1000, 100_000]),
+    st.sampled_from(["", ")", "]"]),
 )
 CODE = st.sampled_from(["print(1)", "1/0", "import time; time.sleep(5)", "x = (", "\ud800"])
 
@@ -91,6 +98,7 @@ def actions(tool: str, argument: str) -> st.SearchStrategy[Any]:
         st.lists(good_call | raw_call, min_size=2, max_size=12).map("".join),
         raw_call,
         st.builds(lambda t, a: t + a, ANY_TEXT, ANY_TEXT.map(lambda t: f"\\boxed{{{t}}}")),
+        DEEP_CODE,
         st.builds(Turn, ANY_TEXT, st.none() | st.lists(tool_call, max_size=4).map(tuple)),
         message,
         st.none() | st.binary(max_size=50) | st.integers() | st.floats() | st.lists(JSON),
@@ -121,6 +129,10 @@ def test_env_step_never_raises_or_hangs_on_any_action(env: gym.Env[Any, Any], en
         suppress_health_check=list(HealthCheck),
     )
     @given(st.integers(0, 2**16), st.lists(actions(tool, argument), min_size=1, max_size=3))
+    @example(0, ["<tool_call>" + "[" * 100_000 + "</tool_call>"])  # E1
+    @example(0, ["<tool_call>{" + " " * (1 << 20) + '"name": "x"}</tool_call>'])  # E2
+    @example(0, [f"```python\ndef add(a, b):\n    return {'-' * 100_000}a\n```"])
+    @example(0, [None, b"\xff", {"tool_calls": "abc"}, Turn("", (ToolCall("", "{"),))])
     def episode(seed: int, steps: list[Any]) -> None:
         obs, info = env.reset(seed=seed)
         assert env.observation_space.contains(obs)
