@@ -234,7 +234,7 @@ def _zygote_main(fd: int) -> None:
 # ---- the pool (caller side) --------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class _Worker:
     pid: int
     conn: Connection
@@ -307,6 +307,7 @@ class GraderPool:
         self._cond = threading.Condition()
         self._zlock = threading.Lock()
         self._idle: list[_Worker] = []
+        self._workers: set[_Worker] = set()  # every worker not yet discarded
         self._live = 0
         # the zygote: process, control connection, ready flag, prepared modules, pids to reap
         self._state: dict[str, Any] = {"proc": None, "conn": None, "ready": False}
@@ -332,8 +333,9 @@ class GraderPool:
         """Stop the zygote and every worker; a later :meth:`run` starts them again."""
         self._check_owner()
         with self._cond:
-            idle, self._idle, self._live = self._idle, [], 0
-        for worker in idle:
+            workers, self._idle, self._live = list(self._workers), [], 0
+            self._workers = set()
+        for worker in workers:
             worker.close()
         with self._zlock:
             GraderPool._shutdown(self._state)
@@ -354,9 +356,20 @@ class GraderPool:
                 proc.wait()
 
     def _check_owner(self) -> None:
-        if os.getpid() != self._owner:  # a forked child must not share our sockets
-            self._reset_state()
-            self._finalizer = weakref.finalize(self, GraderPool._shutdown, self._state)
+        if os.getpid() != self._owner:
+            self._abandon_after_fork()
+
+    def _abandon_after_fork(self) -> None:
+        """In a forked child: close our copies of the parent's sockets (so that the zygote
+        still sees the parent's end close when the parent dies) and start afresh."""
+        self._finalizer.detach()
+        conn = self._state.get("conn")
+        if conn is not None:
+            conn.close()
+        for worker in list(self._workers):
+            worker.close()
+        self._reset_state()
+        self._finalizer = weakref.finalize(self, GraderPool._shutdown, self._state)
 
     def _spawn_zygote(self, extra: Sequence[str] = ()) -> None:
         preload = list(dict.fromkeys([*self.preload, *extra]))
@@ -440,7 +453,10 @@ class GraderPool:
         pidfd = None
         with contextlib.suppress(OSError, AttributeError):
             pidfd = os.pidfd_open(pid)
-        return _Worker(pid, Connection(fd), pidfd, modules)
+        worker = _Worker(pid, Connection(fd), pidfd, modules)
+        with self._cond:
+            self._workers.add(worker)
+        return worker
 
     def _acquire(self, deadline: float) -> _Worker:
         with self._cond:
@@ -457,6 +473,7 @@ class GraderPool:
                 if not worker.conn.poll(0):  # an idle worker has nothing to say unless it died
                     return worker
                 worker.close()
+                self._workers.discard(worker)
                 self._live -= 1
                 self._to_reap.append(worker.pid)
             self._live += 1
@@ -470,14 +487,19 @@ class GraderPool:
 
     def _release(self, worker: _Worker) -> None:
         with self._cond:
-            self._idle.append(worker)
-            self._cond.notify()
+            if worker in self._workers:
+                self._idle.append(worker)
+                self._cond.notify()
+                return
+        worker.close()  # the pool was closed while it worked
 
     def _discard(self, worker: _Worker) -> None:
         worker.kill()
         with self._cond:
-            self._live -= 1
-            self._to_reap.append(worker.pid)  # reaped by the zygote with its next request
+            if worker in self._workers:
+                self._workers.discard(worker)
+                self._live -= 1
+                self._to_reap.append(worker.pid)  # reaped by the zygote with its next request
             self._cond.notify()
 
     def _prepare(self, worker: _Worker, module: str, deadline: float) -> None:
@@ -600,6 +622,8 @@ def _close_default() -> None:
 
 def _forget_default_after_fork() -> None:
     global _DEFAULT, _DEFAULT_LOCK
+    if _DEFAULT is not None:
+        _DEFAULT._abandon_after_fork()
     _DEFAULT, _DEFAULT_LOCK = None, threading.Lock()
 
 

@@ -92,6 +92,23 @@ def test_the_default_pool_is_shared() -> None:
     assert run_isolated(max, 1, 5, timeout_s=30) == 5
 
 
+def test_a_forked_child_gets_its_own_grader_and_the_parent_keeps_its_own() -> None:
+    parent_worker = run_isolated(os.getpid, timeout_s=60)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the inherited pool is not shared, a new one starts
+        try:
+            os.write(write, str(run_isolated(os.getpid, timeout_s=120)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child_worker = int(f.read() or 0)
+    os.waitpid(pid, 0)
+    assert child_worker not in (0, parent_worker)
+    assert run_isolated(os.getpid, timeout_s=60) == parent_worker
+
+
 _ORPHAN = textwrap.dedent(
     """
     import json, os, sys, threading
