@@ -6,11 +6,21 @@ results as the next messages. A turn with no tool call (or a call to the ``final
 final answer: the episode terminates and the task's reward is computed. Reaching ``max_turns``
 truncates the episode.
 
-The model's mistakes never raise: an unparseable call, an unknown tool, arguments that do not
-match the schema and a failing tool all become messages in the next observation and are
-counted in ``info["tool_errors"]``. Only infrastructure faults
+The model's mistakes never raise: an action that is not text (see
+:mod:`~areal_agents.envs.actions`), an unparseable call, an unknown tool, arguments that do not
+match the schema, a failing tool, more calls in one turn than ``max_tool_calls_per_turn`` and
+calls past the turn's time budget all become messages in the next observation and are counted
+in ``info["tool_errors"]``. A turn with such a problem is never taken as the final answer
+(unless it also calls the ``final_tool``). Only infrastructure faults
 (:class:`~areal_agents.errors.InfrastructureError`) propagate, so that the caller can drop the
 episode instead of scoring it.
+
+Bounds: one turn runs at most ``max_tool_calls_per_turn`` calls and spends at most
+``turn_time_budget_s`` seconds in tools (a tool whose ``call`` takes ``timeout_s`` gets what is
+left of the budget as its limit; calls once it is spent are not run). Every observation
+message is valid UTF-8 and at most ``max_tool_output_chars`` long, and one observation holds
+at most ``max_tool_calls_per_turn + 3`` messages (the results, then up to three notes:
+an unusable reply, unparseable calls, refused calls).
 
 Subclasses implement :meth:`MultiTurnEnv.sample_task` and :meth:`MultiTurnEnv.score`, and
 usually :meth:`MultiTurnEnv.make_tools`; see ``areal_agents/envs/calculator.py`` for a
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,18 +40,37 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
+from areal_agents.envs._checks import (
+    check_int,
+    check_kwargs,
+    check_optional_str,
+    check_positive,
+    parameter_names,
+)
+from areal_agents.envs.actions import clean_text, coerce_action
 from areal_agents.envs.spaces import MessagesSpace, TurnSpace
-from areal_agents.errors import ConfigError, InfrastructureError
-from areal_agents.tools.base import Tool, validate_arguments
-from areal_agents.tools.parsing import parse_tool_calls, strip_tool_calls
+from areal_agents.errors import ConfigError, InfrastructureError, did_you_mean
+from areal_agents.tools.base import Tool, call_tool, validate_arguments
+from areal_agents.tools.parsing import ParseProblem, load_json, parse_tool_calls, strip_tool_calls
 from areal_agents.types import Message, ToolCall, Turn
 
 __all__ = ["ERROR_KINDS", "MultiTurnEnv", "Score", "Task"]
 
 logger = logging.getLogger(__name__)
 
-#: The kinds of tool-call mistakes counted in ``info["tool_errors"]``.
-ERROR_KINDS = ("parse", "unknown_tool", "invalid_arguments", "tool_failure")
+#: The kinds of tool-call mistakes counted in ``info["tool_errors"]``: ``parse`` (a call or
+#: a whole action that could not be read), ``unknown_tool``, ``invalid_arguments``,
+#: ``tool_failure``, ``too_many_calls`` (calls past ``max_tool_calls_per_turn``, not run) and
+#: ``time_budget`` (calls not run because the turn's time budget was spent).
+ERROR_KINDS = (
+    "parse",
+    "unknown_tool",
+    "invalid_arguments",
+    "tool_failure",
+    "too_many_calls",
+    "time_budget",
+)
+_MAX_REASONS = 8  # parse problems spelled out in one observation (all are counted)
 
 
 @dataclass(frozen=True)
@@ -80,10 +110,15 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
     Args:
         max_turns: assistant turns before the episode is truncated.
         max_tool_output_chars: tool results longer than this are cut (with a marker).
+        max_tool_calls_per_turn: calls run per turn; the rest are refused in one message.
+        turn_time_budget_s: seconds one turn may spend in tools (see the module docstring).
         final_tool: name of a tool whose call submits the final answer (e.g. ``"submit"``);
             its arguments go to :meth:`score` as the submission.
         system_prompt: replaces the environment's default system prompt when given.
         render_mode: ``"ansi"`` to get the conversation as text from ``render()``.
+
+    Every argument is checked here (type and range, unknown keys with a did-you-mean), so a
+    wrong configuration fails before the first episode.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012
@@ -94,20 +129,29 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         *,
         max_turns: int = 8,
         max_tool_output_chars: int = 4000,
+        max_tool_calls_per_turn: int = 8,
+        turn_time_budget_s: float = 60.0,
         final_tool: str | None = None,
         system_prompt: str | None = None,
         render_mode: str | None = None,
+        **unknown: Any,
     ) -> None:
-        if max_turns < 1:
-            raise ConfigError(f"max_turns={max_turns}: must be at least 1")
+        names = parameter_names(type(self).__init__, MultiTurnEnv.__init__)
+        check_kwargs(type(self).__name__, unknown, names)
+        self.max_turns = check_int("max_turns", max_turns, minimum=1)
+        self.max_tool_output_chars = check_int(
+            "max_tool_output_chars", max_tool_output_chars, minimum=1
+        )
+        self.max_tool_calls_per_turn = check_int(
+            "max_tool_calls_per_turn", max_tool_calls_per_turn, minimum=1
+        )
+        self.turn_time_budget_s = check_positive("turn_time_budget_s", turn_time_budget_s)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(
                 f"render_mode={render_mode!r}: choose one of {self.metadata['render_modes']}"
             )
-        self.max_turns = max_turns
-        self.max_tool_output_chars = max_tool_output_chars
-        self.final_tool = final_tool
-        self.system_prompt = system_prompt
+        self.final_tool = check_optional_str("final_tool", final_tool)
+        self.system_prompt = check_optional_str("system_prompt", system_prompt)
         self.render_mode = render_mode
         self.messages: list[Message] = []
         self.task: Task | None = None
@@ -116,9 +160,15 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         self._done = True
         self._errors: Counter[str] = Counter()
         self._calls = 0
-        names = [t.spec.name for t in self.make_tools(None)]
-        self.observation_space = MessagesSpace(max_messages=max(64, 4 * max_turns + 4))
-        self.action_space = TurnSpace(tool_names=names)
+        tool_names = [t.spec.name for t in self.make_tools(None)]
+        if final_tool is not None and tool_names and final_tool not in tool_names:
+            raise ConfigError(
+                f"final_tool={final_tool!r}{did_you_mean(final_tool, tool_names)}: "
+                f"not one of the tools ({', '.join(tool_names) or 'none'})"
+            )
+        per_step = max_tool_calls_per_turn + 3  # tool results and up to three notes
+        self.observation_space = MessagesSpace(max_messages=max(64, 4 * max_turns + 4, per_step))
+        self.action_space = TurnSpace(tool_names=tool_names)
 
     # ---- hooks for subclasses ------------------------------------------------------------
 
@@ -160,9 +210,23 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         super().reset(seed=seed)
         self.teardown()
         options = options or {}
+        if not isinstance(options, Mapping):
+            raise ConfigError(
+                f"reset(options={options!r}): options must be a dict such as "
+                "{'task_id': ...} or {'task': {...}}"
+            )
         if "task" in options:
             raw = options["task"]
-            task = raw if isinstance(raw, Task) else Task.from_mapping(raw)
+            if isinstance(raw, Task):
+                task = raw
+            elif isinstance(raw, Mapping):
+                task = Task.from_mapping(raw)
+            else:
+                raise ConfigError(
+                    f"reset(options={{'task': {raw!r:.80}}}): the task must be a Task or a "
+                    "mapping with 'prompt' (or 'question') and 'answer', got "
+                    f"{type(raw).__name__}"
+                )
         elif "task_id" in options:
             task = self.get_task(str(options["task_id"]))
         else:
@@ -180,25 +244,37 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
     def step(
         self, action: Turn | str | Mapping[str, Any]
     ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        """Take one assistant turn (any value: see :mod:`~areal_agents.envs.actions`)."""
         if self._done or self.task is None:
             raise gym.error.ResetNeeded("the episode is over: call reset() before step()")
-        turn = _as_turn(action)
+        turn, unusable = coerce_action(action)
         self._turns += 1
         calls, problems = self._tool_calls(turn)
-        self.messages.append(Message.from_turn(turn, tool_calls=calls))
+        run, refused = calls[: self.max_tool_calls_per_turn], calls[self.max_tool_calls_per_turn :]
+        self.messages.append(Message.from_turn(turn, tool_calls=run))
 
         final = next((c for c in calls if c.name == self.final_tool), None)
-        if final is not None or (not calls and not problems):
+        if final is not None or (not calls and not problems and not unusable):
             submission = strip_tool_calls(turn.text) if final is None else final.arguments
             score = self.score(self.task, submission, turn)
             self._done = True
             info = self._info(outcome="answered", reward_details=dict(score.details))
             return [], float(score.reward), True, False, info
 
-        new = [Message.user(f"Error: could not parse tool call: {p.reason}") for p in problems]
-        self._errors["parse"] += len(problems)
-        for call in calls:
-            new.append(self._run_call(call))
+        new = self._run_calls(run)
+        notes = []
+        self._errors["parse"] += len(unusable) + len(problems)
+        if unusable:
+            notes.append(_reasons("Error: unusable reply: ", unusable))
+        if problems:
+            notes.append(_reasons("Error: could not parse tool call: ", problems))
+        if refused:
+            self._errors["too_many_calls"] += len(refused)
+            notes.append(
+                f"Error: {len(calls)} tool calls in one turn; only the first "
+                f"{self.max_tool_calls_per_turn} were run, the other {len(refused)} were not"
+            )
+        new += [Message.user(clean_text(self._cap(note))) for note in notes]
         self.messages.extend(new)
         obs = [m.to_openai() for m in new]
         if self._turns >= self.max_turns:
@@ -226,7 +302,7 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         """The OpenAI tool schemas of the current episode (a fresh copy)."""
         return [copy.deepcopy(t.spec.to_openai()) for t in self._tools.values()]
 
-    def _tool_calls(self, turn: Turn) -> tuple[list[ToolCall], list[Any]]:
+    def _tool_calls(self, turn: Turn) -> tuple[list[ToolCall], list[ParseProblem]]:
         if turn.tool_calls is not None:
             named = [
                 c if c.id else ToolCall(c.name, c.arguments, f"call_{self._turns}_{i}")
@@ -235,33 +311,55 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
             return named, []
         return parse_tool_calls(turn.text, id_prefix=f"call_{self._turns}")
 
-    def _run_call(self, call: ToolCall) -> Message:
+    def _run_calls(self, calls: list[ToolCall]) -> list[Message]:
+        """Run the turn's calls in order within ``turn_time_budget_s``; one message per call."""
+        deadline = time.monotonic() + self.turn_time_budget_s
+        out = []
+        for call in calls:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._errors["time_budget"] += 1
+                text = (
+                    f"Error: not run: this turn's tool time budget of "
+                    f"{self.turn_time_budget_s:g} s is used up"
+                )
+            else:
+                text = self._run_call(call, left)
+            out.append(Message.tool(clean_text(self._cap(text)), call.id, call.name))
+        return out
+
+    def _run_call(self, call: ToolCall, time_left: float) -> str:
+        """The text the model reads for one call (errors are counted, never raised)."""
         self._calls += 1
         tool = self._tools.get(call.name)
         if tool is None:
             self._errors["unknown_tool"] += 1
             names = ", ".join(sorted(self._tools)) or "none"
-            return Message.tool(
-                f"Error: unknown tool {call.name!r}; available tools: {names}", call.id, call.name
-            )
+            return f"Error: unknown tool {call.name!r}; available tools: {names}"
         try:
-            arguments = call.parsed_arguments()
+            arguments = load_json(call.arguments) if call.arguments.strip() else {}
         except ValueError as e:
             self._errors["invalid_arguments"] += 1
-            return Message.tool(f"Error: arguments are not a JSON object: {e}", call.id, call.name)
+            return f"Error: arguments are not a JSON object: {e}"
+        if not isinstance(arguments, dict):
+            self._errors["invalid_arguments"] += 1
+            return (
+                "Error: arguments are not a JSON object: arguments must be a JSON object, "
+                f"got {type(arguments).__name__}"
+            )
         problem = validate_arguments(tool.spec, arguments)
         if problem is not None:
             self._errors["invalid_arguments"] += 1
-            return Message.tool(f"Error: invalid arguments: {problem}", call.id, call.name)
+            return f"Error: invalid arguments: {problem}"
         try:
-            output = tool.call(arguments)
+            output = call_tool(tool, arguments, timeout_s=time_left)
         except InfrastructureError:
             raise
         except Exception as e:  # the tool failed on the model's input: report, go on
             self._errors["tool_failure"] += 1
             logger.debug("tool %s failed", call.name, exc_info=True)
-            return Message.tool(f"Error: {type(e).__name__}: {e}", call.id, call.name)
-        return Message.tool(self._cap(output), call.id, call.name)
+            return f"Error: {type(e).__name__}: {e}"
+        return output if isinstance(output, str) else str(output)
 
     def _cap(self, text: str) -> str:
         limit = self.max_tool_output_chars
@@ -281,14 +379,9 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         return info
 
 
-def _as_turn(action: Turn | str | Mapping[str, Any]) -> Turn:
-    if isinstance(action, Turn):
-        return action
-    if isinstance(action, str):
-        return Turn(text=action)
-    if isinstance(action, Mapping):
-        message = Message.from_openai({"role": "assistant", **action})
-        return Turn(text=message.content, tool_calls=message.tool_calls or None)
-    raise TypeError(
-        f"action must be a Turn, a str or an assistant message dict, got {type(action)}"
-    )
+def _reasons(prefix: str, problems: list[ParseProblem]) -> str:
+    """One message for several problems (the first few spelled out; all are counted)."""
+    lines = [prefix + p.reason for p in problems[:_MAX_REASONS]]
+    if len(problems) > _MAX_REASONS:
+        lines.append(f"... and {len(problems) - _MAX_REASONS} more like these")
+    return "\n".join(lines)

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import ast
 import operator
-import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
+from areal_agents.envs._checks import check_int
 from areal_agents.envs.base import MultiTurnEnv, Score, Task
 from areal_agents.errors import ToolError
+from areal_agents.rewards.extract import extract_answer_tag, extract_boxed
 from areal_agents.tools.base import FunctionTool, Tool
 from areal_agents.types import Turn
 
@@ -41,8 +42,6 @@ _BINOPS: dict[type[ast.operator], Any] = {
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
 }
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def safe_eval(expression: str) -> int:
@@ -72,12 +71,9 @@ def safe_eval(expression: str) -> int:
 
 
 def extract_final_answer(text: str) -> str | None:
-    """The last ``\\boxed{...}`` or ``<answer>...</answer>`` in ``text``, else None."""
-    boxed = _BOXED.findall(text)
-    if boxed:
-        return boxed[-1].strip()
-    tagged = _ANSWER_TAG.findall(text)
-    return tagged[-1].strip() if tagged else None
+    """The last ``\\boxed{...}`` or ``<answer>...</answer>`` in ``text``; None if neither."""
+    boxed = extract_boxed(text)
+    return boxed if boxed is not None else extract_answer_tag(text)
 
 
 class CalculatorEnv(MultiTurnEnv):
@@ -94,8 +90,8 @@ class CalculatorEnv(MultiTurnEnv):
     )
 
     def __init__(self, *, num_operands: int = 3, max_value: int = 99, **kwargs: Any) -> None:
-        self.num_operands = num_operands
-        self.max_value = max_value
+        self.num_operands = check_int("num_operands", num_operands, minimum=1)
+        self.max_value = check_int("max_value", max_value, minimum=2)
         super().__init__(**kwargs)
 
     def make_tools(self, task: Task | None) -> Sequence[Tool]:

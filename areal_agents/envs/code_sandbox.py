@@ -26,13 +26,13 @@ for small models on CPU), ``"humaneval"`` (the 164 problems that ship with ``hum
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from areal_agents.envs._checks import check_choice, check_names, check_timeout
 from areal_agents.envs.base import MultiTurnEnv, Score, Task
 from areal_agents.envs.tasks.base import TaskSource
 from areal_agents.envs.tasks.code import (
@@ -44,6 +44,7 @@ from areal_agents.errors import ConfigError, did_you_mean
 from areal_agents.rewards.base import RewardResult
 from areal_agents.rewards.code import UnitTestReward, UnitTests, select_code
 from areal_agents.tools.base import FunctionTool, Tool
+from areal_agents.tools.parsing import load_json
 from areal_agents.tools.python_tool import BashTool, EpisodeSandbox, PythonTool
 from areal_agents.types import Turn
 
@@ -51,6 +52,7 @@ __all__ = ["CODE_SOURCES", "CodeSandboxEnv", "make_code_source"]
 
 CODE_SOURCES = ("procedural", "humaneval", "jsonl")
 _TOOLS = ("python", "bash", "submit")
+_REWARD_MODES = ("all", "fraction")
 
 
 def make_code_source(
@@ -89,7 +91,10 @@ class CodeSandboxEnv(MultiTurnEnv):
         tool_timeout_s: time limit of one ``python``/``bash`` call.
         test_timeout_s, case_timeout_s: limits of the whole hidden-test run and of one case.
         reward_mode: ``"all"`` (1.0 only when every test passes) or ``"fraction"``.
-        **kwargs: :class:`~areal_agents.envs.base.MultiTurnEnv` options (``max_turns`` ...).
+        turn_time_budget_s: seconds of tool time per turn (default: three calls' worth,
+            ``3 * tool_timeout_s``).
+        **kwargs: :class:`~areal_agents.envs.base.MultiTurnEnv` options (``max_turns``,
+            ``max_tool_calls_per_turn`` ...).
     """
 
     default_system_prompt: ClassVar[str | None] = (
@@ -112,22 +117,24 @@ class CodeSandboxEnv(MultiTurnEnv):
         case_timeout_s: float = 5.0,
         reward_mode: str = "all",
         max_turns: int = 6,
+        turn_time_budget_s: float | None = None,
         **kwargs: Any,
     ) -> None:
-        for name in tools:
-            if name not in _TOOLS:
-                raise ConfigError(
-                    f"unknown code tool {name!r}{did_you_mean(name, _TOOLS)}; choose from {_TOOLS}"
-                )
-        self.tools = tuple(tools)
-        self.source = make_code_source(source, path=path, templates=templates)
-        self.sandbox = EpisodeSandbox(sandbox_backend, sandbox_options)
-        self.tool_timeout_s = tool_timeout_s
+        self.tools = check_names("tools", tools, _TOOLS, what="code tool")
+        self.tool_timeout_s = check_timeout("tool_timeout_s", tool_timeout_s)
         self.reward = UnitTestReward(
-            mode=reward_mode, timeout_s=test_timeout_s, case_timeout_s=case_timeout_s
+            mode=check_choice("reward_mode", reward_mode, _REWARD_MODES),
+            timeout_s=check_timeout("test_timeout_s", test_timeout_s),
+            case_timeout_s=check_timeout("case_timeout_s", case_timeout_s),
         )
+        self.sandbox = EpisodeSandbox(sandbox_backend, sandbox_options)
+        if templates is not None:
+            templates = check_names("templates", templates, what="code template")
+        self.source = make_code_source(source, path=path, templates=templates)
         kwargs.setdefault("final_tool", "submit" if "submit" in self.tools else None)
-        super().__init__(max_turns=max_turns, **kwargs)
+        if turn_time_budget_s is None:
+            turn_time_budget_s = 3 * self.tool_timeout_s
+        super().__init__(max_turns=max_turns, turn_time_budget_s=turn_time_budget_s, **kwargs)
 
     def sample_task(self, rng: np.random.Generator) -> Task:
         return self.source.sample(rng)
@@ -169,7 +176,11 @@ class CodeSandboxEnv(MultiTurnEnv):
             tests = UnitTests.from_mapping(task.metadata)
         except ValueError as e:
             raise ConfigError(f"task {task.id!r} has no usable tests: {e}") from None
-        code = self._submitted_code(submission, tests.entry_point)
+        try:
+            code = self._submitted_code(submission, tests.entry_point)
+        except (MemoryError, RecursionError):  # Python's parser on a 100k-deep expression
+            error = "the submitted code nests too deeply for Python's parser"
+            return Score(0.0, RewardResult(0.0, "error", {"error": error}).to_details())
         if code is None:
             result = RewardResult(0.0, "no_answer", {"error": "no Python code block found"})
         else:
@@ -180,8 +191,8 @@ class CodeSandboxEnv(MultiTurnEnv):
     def _submitted_code(self, submission: str, entry_point: str | None) -> str | None:
         if self.final_tool and submission.lstrip().startswith("{"):
             try:  # the submit tool's arguments
-                arguments = json.loads(submission)
-            except json.JSONDecodeError:
+                arguments = load_json(submission)
+            except ValueError:
                 arguments = None
             if isinstance(arguments, dict):
                 code = arguments.get("code")

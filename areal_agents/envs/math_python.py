@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from areal_agents.envs._checks import check_choice, check_names, check_timeout
 from areal_agents.envs.base import MultiTurnEnv, Score, Task
 from areal_agents.envs.tasks.base import TaskSource
 from areal_agents.envs.tasks.math import (
@@ -33,6 +34,7 @@ from areal_agents.envs.tasks.math import (
     math_tasks_from_jsonl,
 )
 from areal_agents.errors import ConfigError, did_you_mean
+from areal_agents.rewards.isolation import prewarm
 from areal_agents.rewards.logic import ReasoningGymReward
 from areal_agents.rewards.math import MathEquivalence
 from areal_agents.tools.base import Tool
@@ -58,8 +60,11 @@ class MathPythonEnv(MultiTurnEnv):
         tools: ``("python",)`` or ``()`` (no tool: plain chain-of-thought).
         sandbox_backend, sandbox_options: where the ``python`` tool runs.
         tool_timeout_s: time limit of one ``python`` call.
-        verify_timeout_s: time limit of one answer check.
-        **kwargs: :class:`~areal_agents.envs.base.MultiTurnEnv` options (``max_turns`` ...).
+        verify_timeout_s: time limit of one answer check (it runs in a grading process that is
+            killed at the limit; the answer then scores status ``"timeout"``).
+        turn_time_budget_s: seconds of tool time per turn (default ``3 * tool_timeout_s``).
+        **kwargs: :class:`~areal_agents.envs.base.MultiTurnEnv` options (``max_turns``,
+            ``max_tool_calls_per_turn`` ...).
     """
 
     default_system_prompt: ClassVar[str | None] = (
@@ -81,16 +86,14 @@ class MathPythonEnv(MultiTurnEnv):
         tool_timeout_s: float = 10.0,
         verify_timeout_s: float = 10.0,
         max_turns: int = 6,
+        turn_time_budget_s: float | None = None,
         **kwargs: Any,
     ) -> None:
-        if verifier not in MATH_VERIFIERS:
-            raise ConfigError(
-                f"verifier={verifier!r}{did_you_mean(verifier, MATH_VERIFIERS)}; "
-                f"choose one of {', '.join(MATH_VERIFIERS)}"
-            )
-        if any(t != "python" for t in tools):
-            raise ConfigError(f"tools={tuple(tools)!r}: MathPython-v0 offers only 'python'")
-        self.tools = tuple(tools)
+        self.verifier = check_choice("verifier", verifier, MATH_VERIFIERS)
+        self.tools = check_names("tools", tools, ("python",), what="tool")
+        self.tool_timeout_s = check_timeout("tool_timeout_s", tool_timeout_s)
+        verify_timeout_s = check_timeout("verify_timeout_s", verify_timeout_s)
+        datasets = check_names("datasets", datasets, what="dataset")
         if isinstance(source, str):
             if source == "reasoning_gym":
                 self.source: TaskSource = ReasoningGymTasks(datasets, config=dataset_config)
@@ -106,12 +109,15 @@ class MathPythonEnv(MultiTurnEnv):
                 )
         else:
             self.source = source
-        self.verifier = verifier
         self.sandbox = EpisodeSandbox(sandbox_backend, sandbox_options)
-        self.tool_timeout_s = tool_timeout_s
         self.math_reward = MathEquivalence(timeout_s=verify_timeout_s)
         self.logic_reward = ReasoningGymReward(timeout_s=verify_timeout_s)
-        super().__init__(max_turns=max_turns, **kwargs)
+        if turn_time_budget_s is None:
+            turn_time_budget_s = 3 * self.tool_timeout_s
+        super().__init__(max_turns=max_turns, turn_time_budget_s=turn_time_budget_s, **kwargs)
+        # start the grading process now, so that the first answer finds it warm
+        logic = self.verifier != "math_verify" and not set(datasets) <= NUMERIC_DATASETS
+        prewarm(modules=("areal_agents.rewards.logic",) if logic else ())
 
     def sample_task(self, rng: np.random.Generator) -> Task:
         return self.source.sample(rng)

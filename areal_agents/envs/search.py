@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from areal_agents.envs._checks import check_choice, check_int, check_kwargs, parameter_names
 from areal_agents.envs.base import MultiTurnEnv, Score, Task
 from areal_agents.envs.tasks.base import TaskSource
 from areal_agents.envs.tasks.knowledge import (
@@ -64,6 +65,23 @@ class _Unbound:
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Document]]:
         raise RuntimeError("no task yet: call reset() first")
+
+
+def _check_kb_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The synthetic world's options, checked by building a small world with them now."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(
+            f"kb_options={options!r}: must be a dict of SyntheticKnowledgeBase options"
+        )
+    out = dict(options)
+    known = [n for n in parameter_names(SyntheticKnowledgeBase.__init__) if n != "seed"]
+    check_kwargs("kb_options", {k: v for k, v in out.items() if k not in known}, known)
+    for key, value in out.items():
+        check_int(f"kb_options[{key!r}]", value, minimum=0)
+    SyntheticKnowledgeBase(0, **out)  # its own checks (hops, sizes) fail here, at construction
+    return out
 
 
 class SearchEnv(MultiTurnEnv):
@@ -105,11 +123,12 @@ class SearchEnv(MultiTurnEnv):
         max_turns: int = 8,
         **kwargs: Any,
     ) -> None:
-        if metric not in ("em", "f1"):
-            raise ConfigError(f"metric={metric!r}: choose 'em' or 'f1'")
-        self.topk = topk
+        check_choice("metric", metric, ("em", "f1"))
+        self.topk = check_int("topk", topk, minimum=1)
+        if kb_seed is not None:
+            check_int("kb_seed", kb_seed, minimum=0)
         self.kb_seed = kb_seed
-        self.kb_options = dict(kb_options or {})
+        self.kb_options = _check_kb_options(kb_options)
         self._cache_dir: str | Path = index_dir or "default"
         self.reward = (
             ExactMatch(fallback_to_text=False) if metric == "em" else F1(fallback_to_text=False)

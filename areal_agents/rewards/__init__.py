@@ -3,7 +3,8 @@
 A reward is a plain callable ``reward(response, reference) -> RewardResult``; ``float(result)``
 is the number and ``result.status`` says why (``correct``, ``wrong``, ``timeout``, ...). Slow
 rewards also have ``await reward.acall(response, reference)``, run off the event loop with a
-time limit.
+time limit. Rewards that parse model text (math, reasoning-gym, regular expressions) do it in
+a grading process killed at the time limit (:mod:`areal_agents.rewards.isolation`).
 """
 
 from areal_agents.rewards.base import (
@@ -13,6 +14,7 @@ from areal_agents.rewards.base import (
     RewardResult,
     RewardTimeout,
     call_with_timeout,
+    check_timeout,
 )
 from areal_agents.rewards.code import (
     TestReport,
@@ -38,7 +40,17 @@ from areal_agents.rewards.format import (
     RegexFormat,
     ThinkAnswerFormat,
 )
-from areal_agents.rewards.logic import ReasoningGymReward, reasoning_gym_scorer
+from areal_agents.rewards.isolation import (
+    GraderPool,
+    GraderUnavailable,
+    GradingFailed,
+    run_isolated,
+)
+from areal_agents.rewards.logic import (
+    ReasoningGymReward,
+    reasoning_gym_scorer,
+    score_with_reasoning_gym,
+)
 from areal_agents.rewards.math import MathEquivalence, math_equal
 from areal_agents.rewards.text import (
     F1,
@@ -59,6 +71,9 @@ __all__ = [
     "FormatCheck",
     "FormatGate",
     "FunctionReward",
+    "GraderPool",
+    "GraderUnavailable",
+    "GradingFailed",
     "MathEquivalence",
     "ReasoningGymReward",
     "RegexFormat",
@@ -72,6 +87,7 @@ __all__ = [
     "WeightedSum",
     "assemble_program",
     "call_with_timeout",
+    "check_timeout",
     "exact_match",
     "extract_answer",
     "extract_answer_tag",
@@ -83,6 +99,8 @@ __all__ = [
     "math_equal",
     "normalize_answer",
     "reasoning_gym_scorer",
+    "run_isolated",
     "run_unit_tests",
+    "score_with_reasoning_gym",
     "select_code",
 ]

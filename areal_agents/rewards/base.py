@@ -6,8 +6,12 @@ A reward needs no environment: give it the model's final text and whatever the t
 ``"wrong"``, ``"no_answer"``, ``"timeout"``, ...) and a few JSON-able details. ``float(result)``
 is the reward, so a result can stand wherever a float is expected.
 
-Slow rewards (symbolic math, unit tests in a sandbox) also have an async form,
-:meth:`Reward.acall`, that runs the check in a worker thread with a time limit, so a coroutine
+Time limits. A reward that runs model-written text through a parser (sympy, a verifier, a
+regular expression) runs that work in a grading process that is killed when its ``timeout_s``
+passes (:mod:`areal_agents.rewards.isolation`): a thread cannot be stopped while a big-integer
+power holds the GIL. The result is then status ``"timeout"``. Rewards that only do linear-time
+text work (extraction, normalisation, exact match) run in the caller. Slow rewards also have
+an async form, :meth:`Reward.acall`, that runs the check in a worker thread, so a coroutine
 never blocks the event loop.
 
 >>> from areal_agents.rewards import ExactMatch
@@ -19,10 +23,13 @@ never blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from areal_agents.errors import ConfigError
 
 __all__ = [
     "STATUSES",
@@ -31,6 +38,7 @@ __all__ = [
     "RewardResult",
     "RewardTimeout",
     "call_with_timeout",
+    "check_timeout",
 ]
 
 #: The status words rewards use. ``timeout`` is never folded into ``wrong``: a check that ran
@@ -66,6 +74,25 @@ class RewardResult:
 
 class RewardTimeout(TimeoutError):
     """A reward computation did not finish within its time limit."""
+
+
+def check_timeout(key: str, value: Any) -> float:
+    """``value`` as a positive, finite number of seconds, or a ConfigError naming ``key``.
+
+    >>> check_timeout("timeout_s", 2)
+    2.0
+    >>> check_timeout("timeout_s", "10")
+    Traceback (most recent call last):
+    ...
+    areal_agents.errors.ConfigError: timeout_s='10': must be a positive number of seconds (got str)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(
+            f"{key}={value!r}: must be a positive number of seconds (got {type(value).__name__})"
+        )
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{key}={value!r}: must be a positive number of seconds")
+    return float(value)
 
 
 class Reward:
@@ -105,6 +132,11 @@ class Reward:
 class FunctionReward(Reward):
     """Wrap ``fn(response, reference) -> float | RewardResult`` as a :class:`Reward`.
 
+    With ``isolate=True`` every call runs ``fn`` in a grading process killed after
+    ``timeout_s`` (status ``"timeout"``); use it for any ``fn`` that parses model text with
+    something that is not linear-time. ``fn`` must then be a module-level function.
+    Otherwise ``fn`` runs in the caller and only :meth:`acall` is bounded (by waiting).
+
     >>> r = FunctionReward(lambda response, reference: float(len(response) < 10), name="short")
     >>> r("tiny", None)
     RewardResult(reward=1.0, status='correct', details={})
@@ -116,13 +148,30 @@ class FunctionReward(Reward):
         *,
         name: str | None = None,
         timeout_s: float = 30.0,
+        isolate: bool = False,
     ) -> None:
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "reward")
-        self.timeout_s = timeout_s
+        self.name: str = name or str(getattr(fn, "__name__", "reward"))
+        self.timeout_s = check_timeout("timeout_s", timeout_s)
+        self.isolate = isolate
+        if isolate:
+            from areal_agents.rewards.isolation import _reference
+
+            _reference(fn)  # fails now, not at the first grade, when fn cannot be isolated
+            self.acall_slack_s = 5.0
 
     def __call__(self, response: str, reference: Any) -> RewardResult:
-        value = self.fn(response, reference)
+        if self.isolate:
+            from areal_agents.rewards.isolation import GradingFailed, run_isolated
+
+            try:
+                value = run_isolated(self.fn, response, reference, timeout_s=self.timeout_s)
+            except RewardTimeout:
+                return self.timed_out(self.name)
+            except GradingFailed as e:
+                return RewardResult(0.0, "error", {"error": str(e)})
+        else:
+            value = self.fn(response, reference)
         if isinstance(value, RewardResult):
             return value
         reward = float(value)
@@ -136,9 +185,12 @@ class FunctionReward(Reward):
 def call_with_timeout(fn: Callable[[], T], timeout_s: float) -> T:
     """Run ``fn()`` in a daemon thread and wait at most ``timeout_s`` for it.
 
-    Raises :class:`RewardTimeout` when it does not finish in time (the thread is left to end on
-    its own: Python cannot kill a thread, so use this only for pure computations such as
-    symbolic comparison, never for ones that hold resources). Exceptions from ``fn`` propagate.
+    Raises :class:`RewardTimeout` when it does not finish in time; the thread is left to end on
+    its own, because Python cannot kill a thread. That bounds only waits that release the GIL
+    (I/O, sleeping, a subprocess): a computation that holds it (a sympy big-integer power, a
+    backtracking regex) keeps running and stalls every other thread. Run those with
+    :func:`~areal_agents.rewards.isolation.run_isolated` instead. Exceptions from ``fn``
+    propagate.
     """
     box: dict[str, Any] = {}
 

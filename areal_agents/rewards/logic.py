@@ -21,10 +21,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from areal_agents.errors import DependencyError
-from areal_agents.rewards.base import Reward, RewardResult, RewardTimeout, call_with_timeout
+from areal_agents.rewards.base import Reward, RewardResult, RewardTimeout, check_timeout
 from areal_agents.rewards.extract import extract_answer
+from areal_agents.rewards.isolation import GradingFailed, run_isolated, warm_up
 
-__all__ = ["ReasoningGymReward", "reasoning_gym_scorer"]
+__all__ = ["ReasoningGymReward", "reasoning_gym_scorer", "score_with_reasoning_gym"]
 
 
 @functools.cache
@@ -37,16 +38,29 @@ def reasoning_gym_scorer(dataset: str) -> Callable[[str | None, dict[str, Any]],
     return reasoning_gym.get_score_answer_fn(dataset)  # type: ignore[return-value,unused-ignore]
 
 
+def score_with_reasoning_gym(dataset: str, answer: str, entry: dict[str, Any]) -> float:
+    """``score_answer(answer, entry)`` of ``dataset``'s verifier (what a grading process runs)."""
+    return float(reasoning_gym_scorer(dataset)(answer, entry))
+
+
+@warm_up
+def _import_reasoning_gym() -> None:
+    import reasoning_gym  # noqa: F401  (seconds of imports, paid once in the zygote)
+
+
 class ReasoningGymReward(Reward):
     r"""Score with the reasoning-gym verifier of the entry's ``source_dataset``.
 
     ``reference`` is a reasoning-gym entry (``question``, ``answer``, ``metadata`` with
     ``source_dataset``). The answer is the last ``<answer>`` tag, else ``\boxed{}``, else the
-    whole response (``fallback_to_text=False`` makes that ``no_answer``).
+    whole response (``fallback_to_text=False`` makes that ``no_answer``). The verifier runs in
+    a grading process killed after ``timeout_s`` (status ``"timeout"``); an answer it cannot
+    survive gets status ``"error"``.
     """
 
     def __init__(self, *, timeout_s: float = 10.0, fallback_to_text: bool = True) -> None:
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout("timeout_s", timeout_s)
+        self.acall_slack_s = 5.0  # the synchronous call enforces timeout_s itself
         self.fallback_to_text = fallback_to_text
 
     def __call__(self, response: str, reference: Any) -> RewardResult:
@@ -59,10 +73,16 @@ class ReasoningGymReward(Reward):
         answer = extract_answer(response, fallback_to_text=self.fallback_to_text)
         if answer is None:
             return RewardResult(0.0, "no_answer")
-        scorer = reasoning_gym_scorer(dataset)
+        reasoning_gym_scorer(dataset)  # an unknown dataset fails here, as a configuration error
         try:
-            value = float(call_with_timeout(lambda: scorer(answer, entry), self.timeout_s))
+            value = run_isolated(
+                score_with_reasoning_gym, dataset, answer, entry, timeout_s=self.timeout_s
+            )
         except RewardTimeout:
             return self.timed_out(f"reasoning-gym {dataset} verifier")
+        except GradingFailed as e:
+            return RewardResult(
+                0.0, "error", {"answer": answer, "dataset": dataset, "error": str(e)}
+            )
         status = "correct" if value >= 1.0 else "wrong" if value <= 0.0 else "partial"
         return RewardResult(value, status, {"answer": answer, "dataset": dataset})

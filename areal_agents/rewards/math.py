@@ -4,9 +4,11 @@ The final answer is the last ``\boxed{...}`` of the response (an ``<answer>`` ta
 Gold and answer are parsed by ``math-verify`` as LaTeX and as plain expressions, then compared
 with sympy: ``\frac{1}{2}``, ``0.5``, ``2/4`` and ``\dfrac12`` are the same answer.
 
-``math-verify``'s own time limit uses signals and works only in the main thread; environments
-call rewards from worker threads, so this module switches that limit off and bounds the time
-by waiting on a helper thread instead (:func:`~areal_agents.rewards.base.call_with_timeout`).
+Parsing and comparing run in a grading process
+(:func:`~areal_agents.rewards.isolation.run_isolated`) that is killed when ``timeout_s``
+passes: sympy can hold the GIL for minutes on one answer (``\boxed{9^{9^{9}}}``), so a
+thread-based limit would never fire. ``math-verify``'s own signal-based limit is switched off
+(it works only in a main thread).
 
 >>> reward = MathEquivalence()
 >>> reward(r"... so the answer is \boxed{\dfrac{2}{4}}", "0.5").status
@@ -22,8 +24,9 @@ import logging
 from typing import Any
 
 from areal_agents.errors import DependencyError
-from areal_agents.rewards.base import Reward, RewardResult, RewardTimeout, call_with_timeout
+from areal_agents.rewards.base import Reward, RewardResult, RewardTimeout, check_timeout
 from areal_agents.rewards.extract import extract_answer_tag, extract_boxed
+from areal_agents.rewards.isolation import GradingFailed, run_isolated, warm_up
 
 __all__ = ["MathEquivalence", "math_equal"]
 
@@ -67,17 +70,27 @@ def math_equal(answer: str, gold: str | float | int) -> bool:
     return bool(mv.verify(gold_parsed, answer_parsed, timeout_seconds=None))
 
 
+@warm_up
+def _build_parsers() -> None:
+    # math-verify builds its LaTeX parser and regexes on first use: pay that in the zygote
+    for answer, gold in ((r"\frac{1}{2}", "0.5"), ("x^2+1", "1+x^2"), ("3", "3")):
+        math_equal(answer, gold)
+
+
 class MathEquivalence(Reward):
     r"""1.0 when the boxed answer equals the gold answer symbolically, else 0.0.
 
     Args:
-        timeout_s: limit for parsing and comparing one answer (status ``"timeout"`` past it).
+        timeout_s: limit for parsing and comparing one answer (status ``"timeout"`` past it;
+            the grading process is killed). An answer the grader cannot survive (it runs out
+            of memory or crashes) gets status ``"error"``.
         require_boxed: when False, a response with neither ``\boxed{}`` nor ``<answer>`` is
             taken whole as the answer instead of scoring ``no_answer``.
     """
 
     def __init__(self, *, timeout_s: float = 10.0, require_boxed: bool = True) -> None:
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout("timeout_s", timeout_s)
+        self.acall_slack_s = 5.0  # the synchronous call enforces timeout_s itself
         self.require_boxed = require_boxed
 
     def __call__(self, response: str, reference: Any) -> RewardResult:
@@ -95,9 +108,11 @@ class MathEquivalence(Reward):
         if len(answer) > _MAX_ANSWER_CHARS:
             return RewardResult(0.0, "format_error", {"error": "answer too long"})
         try:
-            equal = call_with_timeout(lambda: math_equal(answer, reference), self.timeout_s)
+            equal = run_isolated(math_equal, answer, reference, timeout_s=self.timeout_s)
         except RewardTimeout:
             return self.timed_out("math-verify")
+        except GradingFailed as e:
+            return RewardResult(0.0, "error", {"answer": answer, "error": str(e)})
         if equal:
             return RewardResult(1.0, "correct", {"answer": answer})
         return RewardResult(0.0, "wrong", {"answer": answer})

@@ -19,6 +19,8 @@ both into the next observation. Infrastructure faults (a dead sandbox) raise
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,7 +28,7 @@ import jsonschema
 
 from areal_agents.types import ToolSpec
 
-__all__ = ["FunctionTool", "Tool", "validate_arguments"]
+__all__ = ["FunctionTool", "Tool", "call_tool", "validate_arguments"]
 
 
 @runtime_checkable
@@ -41,6 +43,27 @@ class Tool(Protocol):
     def call(self, arguments: Mapping[str, Any]) -> str:
         """Run the tool on already-validated arguments and return the text the model sees."""
         ...
+
+
+@functools.cache
+def _takes_timeout(tool_type: type) -> bool:
+    try:
+        parameters = inspect.signature(tool_type.call).parameters  # type: ignore[attr-defined]
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return "timeout_s" in parameters
+
+
+def call_tool(tool: Tool, arguments: Mapping[str, Any], *, timeout_s: float | None = None) -> str:
+    """``tool.call(arguments)``, passing ``timeout_s`` on when the tool's ``call`` takes it.
+
+    A tool that runs for a while (code in a sandbox) should accept a keyword ``timeout_s``:
+    the environment gives it what is left of the turn's time budget, and the tool uses the
+    smaller of that and its own limit. Other tools are called as they are.
+    """
+    if timeout_s is not None and _takes_timeout(type(tool)):
+        return tool.call(arguments, timeout_s=timeout_s)  # type: ignore[call-arg]
+    return tool.call(arguments)
 
 
 class FunctionTool:

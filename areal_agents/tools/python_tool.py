@@ -18,13 +18,15 @@ stdout:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from areal_agents.errors import ConfigError, ToolError
-from areal_agents.sandboxes import BACKENDS, ExecResult, Sandbox, make_sandbox
+from areal_agents.errors import ConfigError, ToolError, did_you_mean
+from areal_agents.rewards.base import check_timeout
+from areal_agents.sandboxes import BACKENDS, ExecResult, Sandbox, SandboxLimits, make_sandbox
 from areal_agents.types import ToolSpec
 
 __all__ = ["BashTool", "EpisodeSandbox", "PythonTool", "format_exec_result"]
@@ -50,10 +52,59 @@ def format_exec_result(result: ExecResult, max_chars: int = 2000) -> str:
     return "\n".join(parts)
 
 
+def _limit(own: float, budget: float | None) -> float:
+    return own if budget is None else max(min(own, budget), 0.001)
+
+
+def _with_budget_note(text: str, result: ExecResult, limit: float, own: float) -> str:
+    if result.timed_out and limit < own:
+        text += f"\n(only {limit:.1f} s were left of this turn's tool time budget)"
+    return text
+
+
 def _close_quietly(sandbox: Sandbox) -> None:
     # at interpreter exit or in GC there is no one to report a failure to
     with contextlib.suppress(Exception):
         sandbox.close()
+
+
+_DOCKER_OPTIONS = {"image": str, "pool_size": int}
+
+
+def check_sandbox_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` for :func:`~areal_agents.sandboxes.make_sandbox`, checked now.
+
+    Keys are :class:`~areal_agents.sandboxes.SandboxLimits` fields plus docker's ``image`` and
+    ``pool_size``; an unknown key or a bad value is a ConfigError naming it, raised when the
+    environment is built instead of as a tool failure in the first episode.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"sandbox_options={options!r}: must be a dict of sandbox limits")
+    out = dict(options)
+    known = [f.name for f in dataclasses.fields(SandboxLimits)] + list(_DOCKER_OPTIONS)
+    for key in out:
+        if key not in known:
+            raise ConfigError(
+                f"sandbox_options: unknown option {key!r}{did_you_mean(str(key), known)}; "
+                f"known: {', '.join(known)}"
+            )
+    limits = {k: v for k, v in out.items() if k not in _DOCKER_OPTIONS}
+    for key, kind in _DOCKER_OPTIONS.items():
+        value = out.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise ConfigError(f"sandbox_options[{key!r}]={value!r}: must be a {kind.__name__}")
+    if isinstance(out.get("pool_size"), int) and out["pool_size"] < 1:
+        raise ConfigError(f"sandbox_options['pool_size']={out['pool_size']}: must be at least 1")
+    try:
+        SandboxLimits.from_kwargs(limits)
+    except ConfigError as e:
+        raise ConfigError(f"sandbox_options: {e}") from None
+    for key, value in limits.items():  # SandboxLimits takes any number; a bool or NaN is a typo
+        if isinstance(value, bool) or value != value:
+            raise ConfigError(f"sandbox_options[{key!r}]={value!r}: must be a positive number")
+    return out
 
 
 class EpisodeSandbox:
@@ -67,10 +118,13 @@ class EpisodeSandbox:
     """
 
     def __init__(self, backend: str = "auto", options: Mapping[str, Any] | None = None) -> None:
-        if backend not in BACKENDS:
-            raise ConfigError(f"sandbox_backend={backend!r}: choose one of {', '.join(BACKENDS)}")
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            hint = did_you_mean(backend, BACKENDS) if isinstance(backend, str) else ""
+            raise ConfigError(
+                f"sandbox_backend={backend!r}{hint}: choose one of {', '.join(BACKENDS)}"
+            )
         self.backend = backend
-        self.options = dict(options or {})
+        self.options = check_sandbox_options(options)
         self._sandbox: Sandbox | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._lock = threading.Lock()
@@ -118,7 +172,7 @@ class PythonTool:
         name: str = "python",
     ) -> None:
         self.sandbox = sandbox
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout("timeout_s", timeout_s)
         self.max_output_chars = max_output_chars
         self.max_code_chars = max_code_chars
         self._spec = ToolSpec(
@@ -140,14 +194,19 @@ class PythonTool:
     def spec(self) -> ToolSpec:
         return self._spec
 
-    def call(self, arguments: Mapping[str, Any]) -> str:
+    def call(self, arguments: Mapping[str, Any], *, timeout_s: float | None = None) -> str:
+        """Run the program; ``timeout_s`` (what is left of the turn's budget) can only shorten
+        the tool's own limit."""
         code = str(arguments["code"])
         if not code.strip():
             raise ToolError("the code is empty")
         if len(code) > self.max_code_chars:
             raise ToolError(f"the code is longer than {self.max_code_chars} characters")
-        result = self.sandbox.get().run_python(code, timeout=self.timeout_s)
-        return format_exec_result(result, self.max_output_chars)
+        limit = _limit(self.timeout_s, timeout_s)
+        result = self.sandbox.get().run_python(code, timeout=limit)
+        return _with_budget_note(
+            format_exec_result(result, self.max_output_chars), result, limit, self.timeout_s
+        )
 
 
 class BashTool:
@@ -162,7 +221,7 @@ class BashTool:
         name: str = "bash",
     ) -> None:
         self.sandbox = sandbox
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout("timeout_s", timeout_s)
         self.max_output_chars = max_output_chars
         self._spec = ToolSpec(
             name=name,
@@ -182,9 +241,13 @@ class BashTool:
     def spec(self) -> ToolSpec:
         return self._spec
 
-    def call(self, arguments: Mapping[str, Any]) -> str:
+    def call(self, arguments: Mapping[str, Any], *, timeout_s: float | None = None) -> str:
+        """Run the command; ``timeout_s`` can only shorten the tool's own limit."""
         command = str(arguments["command"])
         if not command.strip():
             raise ToolError("the command is empty")
-        result = self.sandbox.get().run(command, timeout=self.timeout_s)
-        return format_exec_result(result, self.max_output_chars)
+        limit = _limit(self.timeout_s, timeout_s)
+        result = self.sandbox.get().run(command, timeout=limit)
+        return _with_budget_note(
+            format_exec_result(result, self.max_output_chars), result, limit, self.timeout_s
+        )

@@ -183,3 +183,22 @@ def test_check_env_and_python_tool_in_docker() -> None:
         assert obs[0]["content"] == "exit code 0\nstdout:\n1024"
     finally:
         env.close()
+
+
+def test_an_exploding_answer_is_a_timeout_within_verify_timeout_s() -> None:
+    import time
+
+    from areal_agents.rewards.isolation import prewarm
+
+    prewarm(wait=True)  # the grading process starts once per process; that is not measured
+    env = env_for(verify_timeout_s=1.5)
+    task = {"id": "t", "question": "?", "answer": "2"}
+    for bomb in (r"9^{9^{9}}", r"100000000!", r"\frac{10^{10^{8}}+1}{10^{10^{8}}}"):
+        env.reset(options={"task": task})
+        start = time.monotonic()
+        _, reward, terminated, _, info = env.step(f"The answer is \\boxed{{{bomb}}}")
+        assert time.monotonic() - start < 1.5 + 2.5
+        assert terminated and reward == 0.0 and info["reward_details"]["status"] == "timeout"
+    env.reset(options={"task": task})
+    assert env.step(r"\boxed{2}")[1] == 1.0  # the next answer is graded as usual
+    env.close()

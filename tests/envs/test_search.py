@@ -162,6 +162,8 @@ def test_bad_tool_calls_and_running_out_of_turns() -> None:
         "unknown_tool": 1,
         "invalid_arguments": 1,
         "tool_failure": 1,
+        "too_many_calls": 0,
+        "time_budget": 0,
     }
     env.reset(seed=1)
     info = env.step("The answer is probably Paris.")[4]

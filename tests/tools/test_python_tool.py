@@ -89,3 +89,43 @@ def test_unknown_backend_fails_at_construction() -> None:
 def test_format_exec_result_statuses() -> None:
     assert format_exec_result(ExecResult("", "", 137, oom_killed=True)).startswith("killed: out")
     assert "[output truncated" in format_exec_result(ExecResult("a", "", 0, truncated=True))
+
+
+def test_a_turn_budget_can_only_shorten_the_tool_limit() -> None:
+    with EpisodeSandbox("process") as box:
+        tool = PythonTool(box, timeout_s=30)
+        out = tool.call({"code": "import time; time.sleep(60)"}, timeout_s=0.5)
+        assert out.startswith("timed out") and "turn's tool time budget" in out
+        # a larger budget does not lift the tool's own limit
+        quick = PythonTool(box, timeout_s=0.5)
+        out = quick.call({"code": "import time; time.sleep(60)"}, timeout_s=100)
+        assert out.startswith("timed out") and "budget" not in out
+        bash = BashTool(box, timeout_s=30)
+        assert bash.call({"command": "sleep 60"}, timeout_s=0.5).startswith("timed out")
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"memroy_mb": 256}, "unknown option 'memroy_mb' (did you mean 'memory_mb'?)"),
+        ({"imgae": "x"}, "did you mean 'image'"),
+        ({"memory_mb": -1}, "memory_mb=-1"),
+        ({"memory_mb": "256"}, "memory_mb='256'"),
+        ({"pids": True}, "'pids']=True"),
+        ({"cpus": float("nan")}, "'cpus']=nan"),
+        ({"pool_size": 0}, "pool_size"),
+        ({"image": 5}, "'image']=5"),
+        ("memory_mb=256", "must be a dict"),
+    ],
+)
+def test_sandbox_options_are_checked_at_construction(options: object, needle: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        EpisodeSandbox("process", options)  # type: ignore[arg-type]
+    assert needle in str(raised.value)
+    assert EpisodeSandbox("process", {"memory_mb": 256, "image": "x", "pool_size": 2}).options
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, "10", float("inf")])
+def test_tool_time_limits_are_checked(timeout_s: object) -> None:
+    with EpisodeSandbox("process") as box, pytest.raises(ConfigError, match="timeout_s"):
+        PythonTool(box, timeout_s=timeout_s)  # type: ignore[arg-type]

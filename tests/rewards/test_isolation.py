@@ -1,0 +1,147 @@
+"""The grading process pool: persistent warm workers, killed on their time limit, replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from areal_agents.errors import ConfigError
+from areal_agents.rewards import FunctionReward, GraderPool, GradingFailed, RewardTimeout
+from areal_agents.rewards.isolation import default_pool, run_isolated
+
+
+@pytest.fixture(scope="module")
+def pool() -> GraderPool:
+    pool = GraderPool(max_workers=2, preload=())
+    yield pool
+    pool.close()
+
+
+def test_values_and_exceptions_come_back(pool: GraderPool) -> None:
+    assert pool.run(pow, 2, 10, timeout_s=30) == 1024
+    assert pool.run(sorted, [3, 1, 2], timeout_s=30, reverse=True) == [3, 2, 1]
+    with pytest.raises(ValueError, match="invalid literal"):
+        pool.run(int, "x", timeout_s=30)
+
+
+def test_the_worker_is_persistent_and_replaced_after_a_timeout(pool: GraderPool) -> None:
+    first = pool.run(os.getpid, timeout_s=30)
+    assert pool.run(os.getpid, timeout_s=30) == first != os.getpid()  # one warm worker reused
+    start = time.monotonic()
+    with pytest.raises(RewardTimeout):
+        pool.run(pow, 9, 9**9, timeout_s=0.5)  # holds the GIL of its process for minutes
+    assert time.monotonic() - start < 20  # it came back: a thread-based limit never would
+    replacement = pool.run(os.getpid, timeout_s=30)
+    assert replacement not in (first, os.getpid())
+    assert not _alive(first)  # the worker that timed out is gone
+
+
+def test_a_worker_that_dies_on_its_input_is_a_grading_failure(pool: GraderPool) -> None:
+    with pytest.raises(GradingFailed, match="died"):
+        pool.run(os._exit, 3, timeout_s=30)
+    with pytest.raises(GradingFailed, match="SystemExit"):
+        pool.run(sys.exit, 0, timeout_s=30)  # never re-raised as SystemExit here
+    assert pool.run(pow, 3, 3, timeout_s=30) == 27
+
+
+def test_concurrent_grades_are_bounded_independently(pool: GraderPool) -> None:
+    results: list[object] = []
+
+    def grade(i: int) -> None:
+        try:
+            results.append(
+                pool.run(pow, 9, 9**9, timeout_s=1) if i == 0 else pool.run(abs, -i, timeout_s=30)
+            )
+        except RewardTimeout as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=grade, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(r for r in results if isinstance(r, int)) == [1, 2, 3, 4]
+    assert sum(isinstance(r, RewardTimeout) for r in results) == 1
+
+
+def test_only_importable_functions_and_positive_limits(pool: GraderPool) -> None:
+    with pytest.raises(ConfigError, match="module level"):
+        pool.run(lambda: 1, timeout_s=5)
+    with pytest.raises(ConfigError, match="timeout_s"):
+        pool.run(pow, 2, 2, timeout_s=0)
+    with pytest.raises(ConfigError, match="module level"):
+        FunctionReward(lambda r, ref: 1.0, isolate=True)
+
+
+def test_function_reward_isolated_times_out_instead_of_hanging() -> None:
+    assert FunctionReward(max, isolate=True)(0.0, 1.0).status == "correct"  # type: ignore[arg-type]
+    slow = FunctionReward(pow, timeout_s=0.5, isolate=True)
+    assert slow(9, 9**9).status == "timeout"  # type: ignore[arg-type]
+
+
+def test_the_default_pool_is_shared() -> None:
+    assert default_pool() is default_pool()
+    assert run_isolated(max, 1, 5, timeout_s=30) == 5
+
+
+def test_a_forked_child_gets_its_own_grader_and_the_parent_keeps_its_own() -> None:
+    parent_worker = run_isolated(os.getpid, timeout_s=60)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the inherited pool is not shared, a new one starts
+        try:
+            os.write(write, str(run_isolated(os.getpid, timeout_s=120)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child_worker = int(f.read() or 0)
+    os.waitpid(pid, 0)
+    assert child_worker not in (0, parent_worker)
+    assert run_isolated(os.getpid, timeout_s=60) == parent_worker
+
+
+_ORPHAN = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    from areal_agents.rewards import GraderPool
+    pool = GraderPool(preload=())
+    worker = pool.run(os.getpid, timeout_s=60)
+    zygote = pool._state["proc"].pid
+    threading.Thread(target=pool.run, args=(pow, 9, 9 ** 9), kwargs={"timeout_s": 600}).start()
+    print(json.dumps([zygote, worker]), flush=True)
+    threading.Event().wait()
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_no_grading_process_outlives_a_killed_parent() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pids = json.loads(parent.stdout.readline())
+        assert all(_alive(p) for p in pids)
+        time.sleep(0.5)  # the busy worker is computing 9**9**9
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
