@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,41 @@ def test_bad_keys_fail_at_start_with_the_key_and_fix(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         main(["algo=grpo", "env.group_size=1"])
     assert "env.group_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["env=nosuchns/Nope-v0"], r"env='nosuchns/Nope-v0': Namespace nosuchns not found"),
+        (["env=nosuchmodule:Env-v0"], r"env='nosuchmodule:Env-v0': cannot import module"),
+        (["env=calculator", "env.kwargs={bogus: 1}"], r"env\.kwargs=\{'bogus': 1"),
+        (["output_dir=/proc/nope"], r"output_dir=/proc/nope: cannot write there"),
+        (["trainer.rollout_workers=0"], r"trainer\.rollout_workers=0: must be at least 1"),
+        (["trainer.learner_ranks=0"], r"trainer\.learner_ranks=0: must be at least 1"),
+        (["inference.temperature=nan"], r"inference\.temperature=nan: must be a finite"),
+        (["inference.request_timeout_s=-1"], r"inference\.request_timeout_s=-1\.0: a duration"),
+    ],
+)
+def test_bad_values_are_refused_before_ray_or_a_server_starts(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray
+
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, *extra])
+    assert e.value.code == 2
+    out = capsys.readouterr()
+    assert re.match(rf"error: .*{message}", out.err) and "Traceback" not in out.err
+    assert "run directory" not in out.out  # the loop never began: no Ray, no server
+    assert not ray.is_initialized()
+
+
+def test_the_train_command_refuses_zero_rollout_workers_without_starting_ray() -> None:
+    proc = run(["trainer.rollout_workers=0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2
+    assert err.decode().startswith("error: trainer.rollout_workers=0: must be at least 1")
+    assert b"Traceback" not in err and b"run directory" not in out
 
 
 def test_resume_refuses_a_different_run(tmp_path: Path) -> None:
