@@ -10,6 +10,7 @@ trajectory ids) as an uninterrupted run, none trained twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -50,6 +51,22 @@ def run(
         start_new_session=True,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def _running(pid: int, created: float) -> bool:
+    try:
+        process = psutil.Process(pid)
+        return process.create_time() == created and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _names(pids: list[int]) -> list[str]:
+    names = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            names.append(f"{pid} {psutil.Process(pid).name()}")
+    return names
 
 
 def batches(run_dir: Path) -> list[tuple[list[int], list[str]]]:
@@ -182,14 +199,17 @@ def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
         assert proc.poll() is None, "the run ended before it could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    tree = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-    os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group: driver and servers
+    tree = {p.pid: p.create_time() for p in psutil.Process(proc.pid).children(recursive=True)}
+    names = {p.name() for p in psutil.Process(proc.pid).children(recursive=True)}
+    assert {"raylet", "gcs_server", "ray::DashboardAgent", "ray::Learner"} <= names
+    os.kill(proc.pid, signal.SIGKILL)  # the driver alone, as `kill -9 <pid>` does
     proc.wait(timeout=30)
-    # Ray and the inference server die with the driver: nothing of the run is left behind
-    deadline = time.monotonic() + 180  # Ray's agents notice their raylet is gone within ~1 min
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in tree):
-        assert time.monotonic() < deadline, "processes of the killed run are still alive"
-        time.sleep(0.5)
+    # Ray (agents included), its workers and the inference server die with the driver: 10 s
+    # later nothing of the run is left
+    deadline = time.monotonic() + 10
+    while alive := [p for p, t in tree.items() if _running(p, t)]:
+        assert time.monotonic() < deadline, f"still alive: {_names(alive)}"
+        time.sleep(0.2)
     done_before = len(read_jsonl(killed / "metrics.jsonl"))
     assert done_before < steps
 
