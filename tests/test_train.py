@@ -201,7 +201,8 @@ def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
         time.sleep(0.2)
     tree = {p.pid: p.create_time() for p in psutil.Process(proc.pid).children(recursive=True)}
     names = {p.name() for p in psutil.Process(proc.pid).children(recursive=True)}
-    assert {"raylet", "gcs_server", "ray::DashboardAgent", "ray::Learner"} <= names
+    assert {"raylet", "gcs_server", "ray::DashboardAgent"} <= names
+    assert any(n.startswith("ray::Learner") for n in names)  # titled by the running method
     os.kill(proc.pid, signal.SIGKILL)  # the driver alone, as `kill -9 <pid>` does
     proc.wait(timeout=30)
     # Ray (agents included), its workers and the inference server die with the driver: 10 s
