@@ -8,6 +8,9 @@ classmethod builds the preset (``algo=grpo``, ``env=code_sandbox``). Group selec
 before field overrides, whatever their order, as in Hydra. ``config=PATH.yaml`` loads a file
 first. Every value is converted to the field's annotated type, and ``__post_init__``
 validation runs on the result, so a bad key or value fails at start-up with its name.
+:func:`check_numbers` is the validation every section shares: no NaN or infinity anywhere, no
+negative number unless the section declares the key signed, and durations (keys ending in
+``_s``) positive.
 
 >>> from dataclasses import dataclass, field
 >>> @dataclass
@@ -23,11 +26,12 @@ Root(steps=3, opt=Opt(lr=0.5, betas=(0.8, 0.9)))
 """
 
 import dataclasses
+import math
 import os
 import tempfile
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
@@ -35,7 +39,15 @@ import yaml
 
 from areal_agents.errors import ConfigError, did_you_mean
 
-__all__ = ["apply_overrides", "dump_yaml", "from_dict", "load_config", "to_dict"]
+__all__ = [
+    "apply_overrides",
+    "check_numbers",
+    "dump_yaml",
+    "from_dict",
+    "load_config",
+    "to_dict",
+    "writable_dir",
+]
 
 T = TypeVar("T")
 _NONE_WORDS = {"none", "null", "~"}
@@ -61,6 +73,57 @@ def dump_yaml(cfg: Any, path: str | os.PathLike[str]) -> None:
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
         yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
     os.replace(f.name, path)
+
+
+def check_numbers(
+    cfg: Any, section: str = "", *, signed: Collection[str] = (), zero_ok: Collection[str] = ()
+) -> None:
+    """Reject meaningless numbers in the fields of the dataclass ``cfg``, naming the key.
+
+    Every ``int``/``float`` field (and every number in a tuple or list field) must be finite;
+    it must not be negative unless its name is in ``signed``; and a duration — a field whose
+    name ends in ``_s`` — must be positive (0 allowed for names in ``zero_ok``, e.g. a retry
+    delay). ``None`` (an unset optional) and booleans pass;
+    nested dataclasses and mappings are left to their own checks. ``section`` prefixes the
+    key in messages (``trainer`` gives ``trainer.lr=nan``).
+    """
+    prefix = f"{section}." if section else ""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        items = list(value) if isinstance(value, tuple | list) else [value]
+        for item in items:
+            if not isinstance(item, int | float) or isinstance(item, bool):
+                continue
+            key = f"{prefix}{f.name}={_show(value)}"
+            if not math.isfinite(item):
+                raise ConfigError(f"{key}: must be a finite number")
+            if f.name.endswith("_s") and (item < 0 or (item == 0 and f.name not in zero_ok)):
+                raise ConfigError(f"{key}: a duration must be positive seconds")
+            if item < 0 and f.name not in signed:
+                raise ConfigError(f"{key}: must not be negative")
+
+
+def _show(value: Any) -> str:
+    return str(list(value)) if isinstance(value, tuple) else str(value)
+
+
+def writable_dir(path: str | os.PathLike[str], key: str) -> Path:
+    """Create the directory ``path`` (with parents) and check that files can be written there.
+
+    Raises :class:`ConfigError` naming ``key`` instead of an ``OSError`` from deep inside a
+    run (``output_dir=/proc/nope``, a read-only mount, a path through a file).
+    """
+    out = Path(os.path.expanduser(os.fspath(path)))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ConfigError(
+            f"{key}={os.fspath(path)}: cannot write there ({reason}); choose a writable directory"
+        ) from None
+    return out
 
 
 def _hints(cls: type) -> dict[str, Any]:

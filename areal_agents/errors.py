@@ -22,6 +22,7 @@ __all__ = [
     "EpisodeDropped",
     "ImageNotFoundError",
     "InfrastructureError",
+    "MalformedResponseError",
     "SandboxError",
     "SandboxUnavailableError",
     "ToolError",
@@ -82,6 +83,11 @@ class ImageNotFoundError(SandboxError, ConfigError):
 
 class EndpointError(InfrastructureError):
     """An inference endpoint failed after the allowed retries."""
+
+
+class MalformedResponseError(EndpointError):
+    """An endpoint answered, but not with a well-formed reply (not JSON, no choices, a content
+    that is not a string, a body over the size limit, ...): retried, then the episode is dropped."""
 
 
 class WeightSyncError(InfrastructureError):

@@ -11,35 +11,52 @@
 ``summary.json`` (mean reward, unbiased pass@k, tool-call error rates, turns and tokens per
 episode, dropped episodes), ``config.yaml`` and ``index.html`` (a static transcript viewer).
 ``--resume`` (or ``resume=true``) keeps the finished episodes and plays only the rest.
-Episodes that hit an infrastructure fault are dropped and counted, never scored 0.
+
+Episodes that hit an infrastructure fault (an endpoint that times out, fails or answers
+malformed replies, after the client's bounded retries) are dropped and counted, never scored
+0; an episode whose environment raised an unexpected exception is counted as failed, with
+the traceback in ``summary.json``. Malformed tool calls of the model are counted
+(``malformed_tool_calls``) and reach the environment as errors, not answers. Every bad
+setting is refused before anything starts, with the key named. Exit status: 0 when episodes
+finished, 1 when none did (every episode dropped or failed) or any episode failed, 2 for a
+configuration error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
-import math
 import signal
 import sys
 import threading
-from collections import Counter, defaultdict
+import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from areal_agents.config import dump_yaml, load_config, to_dict
+from areal_agents.config import check_numbers, dump_yaml, load_config, to_dict, writable_dir
 from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
+from areal_agents.eval_summary import exit_status, failure_line, pass_at_k, summarize
 from areal_agents.policies.base import Policy
 
 if TYPE_CHECKING:
     from areal_agents.policies.server import BuiltinServer
 
-__all__ = ["EvalConfig", "EvalPolicyConfig", "main", "pass_at_k", "run_eval", "summarize"]
+__all__ = [
+    "EvalConfig",
+    "EvalPolicyConfig",
+    "exit_status",
+    "main",
+    "pass_at_k",
+    "preflight",
+    "run_eval",
+    "summarize",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,15 +76,24 @@ class EvalPolicyConfig:
     max_tokens: int = 512
     tool_choice: str = "auto"
     timeout_s: float = 120.0
-    """Seconds per request."""
+    """Seconds per request in all (connect, headers and the whole body)."""
     max_retries: int = 4
-    """Retries per request on timeouts, 429 and 5xx (with backoff)."""
+    """Retries per request on timeouts, malformed replies, 429 and 5xx (with backoff)."""
+    backoff_s: float = 0.5
+    """First retry delay (doubling, with jitter, capped at 30 s)."""
+    max_response_mb: float = 32.0
+    """Largest reply body read; a larger one counts as a malformed reply."""
 
     def __post_init__(self) -> None:
+        check_numbers(self, "policy", zero_ok={"backoff_s"})
         if self.base_url and not self.base_url.startswith(("http://", "https://")):
             raise ConfigError(f"policy.base_url={self.base_url!r}: expected http(s)://host:port/v1")
         if self.max_tokens < 1:
             raise ConfigError(f"policy.max_tokens={self.max_tokens}: must be at least 1")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"policy.top_p={self.top_p}: must be in (0, 1]")
+        if self.max_response_mb <= 0:
+            raise ConfigError(f"policy.max_response_mb={self.max_response_mb}: must be positive")
 
 
 @dataclass
@@ -95,6 +121,7 @@ class EvalConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        check_numbers(self, signed={"pass_threshold"})
         if self.samples_per_task < 1:
             raise ConfigError(f"samples_per_task={self.samples_per_task}: must be at least 1")
         if self.num_episodes < 1 or self.num_episodes % self.samples_per_task:
@@ -110,81 +137,21 @@ class EvalConfig:
         return self.num_episodes // self.samples_per_task
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k estimator: 1 - C(n-c, k) / C(n, k) (n samples, c correct).
-
-    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 4), pass_at_k(4, 0, 2)
-    (0.25, 1.0, 0.0)
-    """
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def _ks(samples: int) -> list[int]:
-    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= samples]
-    return sorted({*ks, samples})
-
-
-def summarize(
-    records: Sequence[Mapping[str, Any]], cfg: EvalConfig, dropped: int
-) -> dict[str, Any]:
-    """The summary of finished episode records (as written to ``transcripts.jsonl``)."""
-    n = len(records)
-    by_task: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
-    for r in records:
-        by_task[int(r["task_index"])].append(r)
-    passes: dict[str, float] = {}
-    for k in _ks(cfg.samples_per_task):
-        values = [
-            pass_at_k(len(rs), sum(r["reward"] >= cfg.pass_threshold for r in rs), k)
-            for rs in by_task.values()
-            if len(rs) >= k
-        ]
-        if values:
-            passes[f"pass@{k}"] = sum(values) / len(values)
-    errors: Counter[str] = Counter()
-    for r in records:
-        errors.update({kind: int(v) for kind, v in (r.get("tool_errors") or {}).items()})
-    calls = sum(int(r.get("tool_calls", 0)) for r in records)
-    attempts = calls + errors.get("parse", 0)  # parse failures never became calls
-
-    def mean(key: str) -> float:
-        return sum(float(r.get(key, 0) or 0) for r in records) / n if n else 0.0
-
-    return {
-        "env": cfg.env,
-        "model": cfg.policy.model,
-        "base_url": cfg.policy.base_url or "builtin",
-        "episodes": n,
-        "episodes_planned": cfg.num_episodes,
-        "episodes_dropped": dropped,
-        "tasks": len(by_task),
-        "samples_per_task": cfg.samples_per_task,
-        "mean_reward": mean("reward"),
-        **passes,
-        "pass_threshold": cfg.pass_threshold,
-        "turns_per_episode": mean("num_turns"),
-        "completion_tokens_per_episode": mean("completion_tokens"),
-        "tool_calls_per_episode": mean("tool_calls"),
-        "tool_call_attempts": attempts,
-        "tool_error_rate": sum(errors.values()) / attempts if attempts else 0.0,
-        "tool_error_rates": {
-            k: v / attempts if attempts else 0.0 for k, v in sorted(errors.items())
-        },
-        "tool_errors": dict(sorted(errors.items())),
-        "truncated_rate": sum(bool(r.get("truncated")) for r in records) / n if n else 0.0,
-        "mean_duration_s": mean("duration_s"),
-    }
+def _json_line(record: Mapping[str, Any]) -> str:
+    """One JSONL line; text that is not valid Unicode (lone surrogates) is written escaped."""
+    try:
+        line = json.dumps(record, ensure_ascii=False)
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record, ensure_ascii=True)
+    return line + "\n"
 
 
 def _read_finished(path: Path) -> dict[str, dict[str, Any]]:
     finished: dict[str, dict[str, Any]] = {}
     if not path.is_file():
         return finished
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut by a crash: that episode is replayed
@@ -225,31 +192,43 @@ def _make_policy(cfg: EvalPolicyConfig, base_url: str, model: str) -> Policy:
         tool_choice=cfg.tool_choice or None,
         timeout=cfg.timeout_s,
         max_retries=cfg.max_retries,
+        backoff_s=cfg.backoff_s,
+        max_response_bytes=int(cfg.max_response_mb * 2**20),
     )
 
 
-async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
-    """Play the missing episodes of ``cfg`` with ``policy``; write outputs; return the summary."""
+def preflight(cfg: EvalConfig) -> str:
+    """Refuse what would fail once the run is under way; the Gymnasium id of ``cfg.env``.
+
+    Builds the environment once with ``env_kwargs`` and checks that ``output_dir`` can be
+    written, raising :class:`ConfigError` with the key named (before any server starts).
+    """
+    from areal_agents.preflight import check_env
+
+    env_id = check_env(cfg.env, cfg.env_kwargs, name_key="env", kwargs_key="env_kwargs")
+    writable_dir(cfg.output_dir, "output_dir")
+    return env_id
+
+
+async def run_eval(cfg: EvalConfig, policy: Policy, *, env_id: str | None = None) -> dict[str, Any]:
+    """Play the missing episodes of ``cfg`` with ``policy``; write outputs; return the summary.
+
+    ``env_id`` is what :func:`preflight` returned for ``cfg`` (None runs it here).
+    """
     import gymnasium as gym
     from tqdm import tqdm
 
-    from areal_agents.envs.registry import resolve_env_id
     from areal_agents.rollout import run_episode
 
-    env_id = resolve_env_id(cfg.env)
-    if ":" in env_id:  # Gymnasium's "module:Env-v0": import the module (it registers the env)
-        module, _, env_id = env_id.partition(":")
-        importlib.import_module(module)
-    gym.spec(env_id)  # fails now, with gymnasium's message, for an unknown id
+    env_id = env_id or preflight(cfg)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     transcripts = out / "transcripts.jsonl"
     if cfg.resume:
         _check_resumable(cfg, out)
         finished = _read_finished(transcripts)
         # Rewrite without lines a crash cut short, so that new lines append cleanly.
         tmp = transcripts.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in finished.values()))
+        tmp.write_text("".join(_json_line(r) for r in finished.values()))
         tmp.replace(transcripts)
     else:
         finished = {}
@@ -263,6 +242,7 @@ async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
     ]
     records = [r for r in finished.values() if int(r["task_index"]) < cfg.num_tasks]
     dropped: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     semaphore = asyncio.Semaphore(cfg.concurrency)
     lock = asyncio.Lock()
     bar = tqdm(total=len(plan), desc=f"eval {env_id}", disable=not cfg.progress, unit="ep")
@@ -274,7 +254,21 @@ async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
                 episode = await run_episode(env, policy, seed=cfg.seed + task_index)
             except InfrastructureError as e:
                 logger.warning("episode %s dropped: %s", key, e)
-                dropped.append({"key": key, "error": f"{type(e).__name__}: {e}"})
+                kind = type(e).__name__
+                dropped.append({"key": key, "kind": kind, "error": f"{kind}: {e}"[:2000]})
+                return
+            except AgentsError:  # a configuration error (a refused API key...): ends the run
+                raise
+            except Exception as e:  # a bug in the environment: count it, keep the run going
+                logger.warning("episode %s failed: %s: %s", key, type(e).__name__, str(e)[:300])
+                failed.append(
+                    {
+                        "key": key,
+                        "kind": type(e).__name__,
+                        "error": str(e)[:2000],
+                        "traceback": traceback.format_exc(limit=20)[-8000:],
+                    }
+                )
                 return
             finally:
                 await asyncio.to_thread(env.close)
@@ -284,6 +278,9 @@ async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
             "sample": sample,
             "seed": cfg.seed + task_index,
             **episode.to_json(),
+            "malformed_tool_calls": sum(
+                not c.name for t in episode.turns for c in (t.tool_calls or ())
+            ),
             "completion_tokens": sum(
                 len(t.token_ids)
                 if t.token_ids is not None
@@ -292,8 +289,8 @@ async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
             ),
         }
         async with lock:
-            with transcripts.open("a") as f:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            with transcripts.open("a", encoding="utf-8") as f:
+                f.write(_json_line(record))
             records.append(record)
             bar.update(1)
             bar.set_postfix(reward=f"{sum(r['reward'] for r in records) / len(records):.3f}")
@@ -304,7 +301,11 @@ async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
         bar.close()
     records.sort(key=lambda r: str(r["key"]))
     summary = summarize(records, cfg, len(dropped))
+    summary["episodes_failed"] = len(failed)
+    summary["dropped_by_kind"] = dict(Counter(d["kind"] for d in dropped))
+    summary["endpoint"] = dict(getattr(policy, "stats", None) or {})
     summary["dropped"] = dropped
+    summary["failed"] = failed
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     from areal_agents.eval_viewer import write_viewer
 
@@ -313,7 +314,12 @@ async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """The command line: ``key=value`` overrides of :class:`EvalConfig` (and ``--resume``)."""
+    """The command line: ``key=value`` overrides of :class:`EvalConfig` (and ``--resume``).
+
+    Returns the summary. Raises ``SystemExit(1)`` after writing it when no episode finished
+    or some episode failed (see :func:`exit_status`); a configuration error exits with 2
+    (from the command line) or is raised (when ``argv`` is given).
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
@@ -322,12 +328,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(EvalConfig, args)
-        return _run(cfg)
+        summary = _run(cfg)
     except AgentsError as e:
         if argv is not None:
             raise
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    status = exit_status(summary)
+    if status:
+        print(f"error: {failure_line(summary)}", file=sys.stderr)
+        raise SystemExit(status)
+    return summary
 
 
 @contextlib.contextmanager
@@ -365,6 +376,7 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
             server.terminate()
 
     base_url, model = cfg.policy.base_url, cfg.policy.model
+    env_id = preflight(cfg)  # before the server: a bad setting fails in a second, not minutes
     # The server is stopped on every way out: normal end, error, Ctrl-C, SIGTERM; a SIGKILL
     # of this process stops it too (the server watches its parent).
     with _sigterm_exits(stop_now):
@@ -378,11 +390,12 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
                 servers[0].start().wait_ready(timeout=300)
                 base_url, model = servers[0].base_url, servers[0].served_model_name
             policy = _make_policy(cfg.policy, base_url, model)
-            summary = asyncio.run(run_eval(cfg, policy))
+            summary = asyncio.run(run_eval(cfg, policy, env_id=env_id))
         finally:
             for server in servers:
                 server.stop()
-    shown = {k: v for k, v in summary.items() if k not in ("dropped", "tool_error_rates")}
+    hidden = ("dropped", "failed", "tool_error_rates")
+    shown = {k: v for k, v in summary.items() if k not in hidden}
     print(json.dumps(shown, indent=2))
     print(f"transcripts, summary and viewer in {cfg.output_dir}")
     return summary

@@ -13,11 +13,14 @@ import itertools
 import sys
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_agents.errors import AgentsError, ConfigError
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from areal_agents.trainers.config import TrainConfig
+
+__all__ = ["main", "preflight"]
 
 
 def _describe(default: Any, prefix: str = "") -> list[str]:
@@ -49,6 +52,16 @@ def _describe(default: Any, prefix: str = "") -> list[str]:
     return lines
 
 
+def preflight(cfg: TrainConfig) -> None:
+    """What would fail after start-up, refused now with the key named: the environment is
+    built once with its arguments, and the run directory must be writable."""
+    from areal_agents.config import writable_dir
+    from areal_agents.preflight import check_env
+
+    check_env(cfg.env.name, cfg.env.make_kwargs(), name_key="env", kwargs_key="env.kwargs")
+    writable_dir(cfg.run_dir(), "output_dir")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse overrides, build the config (failing fast on bad keys) and train.
 
@@ -65,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     try:
         cfg = load_config(TrainConfig, args)
+        preflight(cfg)
     except AgentsError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

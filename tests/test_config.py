@@ -9,7 +9,7 @@ from typing import Literal
 import pytest
 import yaml
 
-from areal_agents.config import dump_yaml, load_config, to_dict
+from areal_agents.config import check_numbers, dump_yaml, load_config, to_dict, writable_dir
 from areal_agents.errors import ConfigError
 
 
@@ -92,3 +92,53 @@ def test_config_file_then_overrides_and_yaml_round_trip(tmp_path: Path) -> None:
     assert load_config(Root, [f"config={out}"]) == cfg
     with pytest.raises(ConfigError, match="no such file"):
         load_config(Root, [f"config={tmp_path / 'missing.yaml'}"])
+
+
+@dataclass
+class Numbers:
+    rate: float = 0.5
+    count: int = 3
+    offset: float = 0.0
+    timeout_s: float = 1.0
+    delay_s: float = 0.5
+    pair: tuple[float, ...] = (0.1, 0.2)
+    limit: int | None = None
+    on: bool = False
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "num", signed={"offset"}, zero_ok={"delay_s"})
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rate=nan", r"num\.rate=nan: must be a finite number"),
+        ("rate=.inf", r"num\.rate=inf: must be a finite number"),
+        ("rate=-1e999", r"num\.rate=-inf"),
+        ("count=-1", r"num\.count=-1: must not be negative"),
+        ("pair=[0.1,nan]", r"num\.pair=\[0\.1, nan\]: must be a finite"),
+        ("pair=[-1,2]", r"num\.pair=\[-1\.0, 2\.0\]: must not be negative"),
+        ("limit=-3", r"num\.limit=-3"),
+        ("timeout_s=0", r"num\.timeout_s=0\.0: a duration must be positive"),
+        ("timeout_s=-2", r"num\.timeout_s=-2\.0: a duration must be positive"),
+        ("delay_s=-1", r"num\.delay_s=-1\.0: a duration must be positive"),
+        ("offset=nan", r"num\.offset=nan: must be a finite number"),
+    ],
+)
+def test_check_numbers_refuses_meaningless_numbers(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(Numbers, [override])
+
+
+def test_check_numbers_accepts_what_is_meaningful() -> None:
+    cfg = load_config(Numbers, ["offset=-2.5", "delay_s=0", "limit=null", "count=0", "on=true"])
+    assert (cfg.offset, cfg.delay_s, cfg.limit, cfg.count, cfg.on) == (-2.5, 0.0, None, 0, True)
+
+
+def test_writable_dir_names_the_key_instead_of_raising_oserror(tmp_path: Path) -> None:
+    assert writable_dir(tmp_path / "a" / "b", "output_dir") == tmp_path / "a" / "b"
+    assert (tmp_path / "a" / "b").is_dir() and not list((tmp_path / "a" / "b").iterdir())
+    (tmp_path / "file").write_text("x")
+    for bad in ("/proc/nope", str(tmp_path / "file" / "sub")):
+        with pytest.raises(ConfigError, match=rf"output_dir={bad}: cannot write there"):
+            writable_dir(bad, "output_dir")

@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -209,3 +210,57 @@ def test_the_viewer_renders_in_headless_chromium(fake: FakeOpenAI, tmp_path: Pat
     assert passed.count('class="episode pass"') == 2 and 'class="episode fail"' not in passed
     assert "showing 2 of 4" in passed
     assert 'data-shown="0"' in dump("#min=2")
+
+
+BAD_SETTINGS = [
+    (["env=nosuchns/Nope-v0"], r"env='nosuchns/Nope-v0': Namespace nosuchns not found"),
+    (["env=nosuchmodule:Env-v0"], r"env='nosuchmodule:Env-v0': cannot import module"),
+    (["env_kwargs={bogus: 1}"], r"env_kwargs=\{'bogus': 1\}: 'calculator' refused them"),
+    (["env_kwargs={max_turns: 0}"], r"env_kwargs: max_turns=0"),
+    (["output_dir=/proc/nope"], r"output_dir=/proc/nope: cannot write there"),
+    (["seed=-1"], r"seed=-1: must not be negative"),
+    (["policy.timeout_s=-1"], r"policy\.timeout_s=-1\.0: a duration must be positive"),
+    (["policy.timeout_s=0"], r"policy\.timeout_s=0\.0"),
+    (["policy.max_retries=-1"], r"policy\.max_retries=-1: must not be negative"),
+    (["policy.temperature=-7"], r"policy\.temperature=-7\.0"),
+    (["policy.temperature=nan"], r"policy\.temperature=nan: must be a finite number"),
+    (["policy.top_p=0"], r"policy\.top_p=0\.0"),
+    (["pass_threshold=nan"], r"pass_threshold=nan"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), BAD_SETTINGS)
+def test_bad_settings_are_refused_before_anything_starts(
+    extra: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from areal_agents.policies import server
+
+    def no_server(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the built-in server was started")
+
+    monkeypatch.setattr(server, "BuiltinServer", no_server)  # no base_url: it would start one
+    args = ["policy.model=x", f"output_dir={tmp_path / 'out'}", *extra]
+    with pytest.raises(ConfigError, match=message):
+        main(args)
+    monkeypatch.setattr(sys, "argv", ["eval", *args])
+    with pytest.raises(SystemExit) as exit_info:  # the command line: a line, no traceback
+        main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.match(rf"error: .*{message}", err) and "Traceback" not in err
+    assert not (tmp_path / "out" / "config.yaml").exists()
+
+
+def test_the_command_line_refuses_an_unknown_namespace_without_a_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_agents.eval", "env=acme/Nope-v0", "policy.model=x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: env='acme/Nope-v0'") and "Traceback" not in proc.stderr

@@ -10,8 +10,10 @@ trajectory ids) as an uninterrupted run, none trained twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +53,22 @@ def run(
     )
 
 
+def _running(pid: int, created: float) -> bool:
+    try:
+        process = psutil.Process(pid)
+        return process.create_time() == created and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _names(pids: list[int]) -> list[str]:
+    names = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            names.append(f"{pid} {psutil.Process(pid).name()}")
+    return names
+
+
 def batches(run_dir: Path) -> list[tuple[list[int], list[str]]]:
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
@@ -68,6 +86,41 @@ def test_bad_keys_fail_at_start_with_the_key_and_fix(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         main(["algo=grpo", "env.group_size=1"])
     assert "env.group_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["env=nosuchns/Nope-v0"], r"env='nosuchns/Nope-v0': Namespace nosuchns not found"),
+        (["env=nosuchmodule:Env-v0"], r"env='nosuchmodule:Env-v0': cannot import module"),
+        (["env=calculator", "env.kwargs={bogus: 1}"], r"env\.kwargs=\{'bogus': 1"),
+        (["output_dir=/proc/nope"], r"output_dir=/proc/nope: cannot write there"),
+        (["trainer.rollout_workers=0"], r"trainer\.rollout_workers=0: must be at least 1"),
+        (["trainer.learner_ranks=0"], r"trainer\.learner_ranks=0: must be at least 1"),
+        (["inference.temperature=nan"], r"inference\.temperature=nan: must be a finite"),
+        (["inference.request_timeout_s=-1"], r"inference\.request_timeout_s=-1\.0: a duration"),
+    ],
+)
+def test_bad_values_are_refused_before_ray_or_a_server_starts(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray
+
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, *extra])
+    assert e.value.code == 2
+    out = capsys.readouterr()
+    assert re.match(rf"error: .*{message}", out.err) and "Traceback" not in out.err
+    assert "run directory" not in out.out  # the loop never began: no Ray, no server
+    assert not ray.is_initialized()
+
+
+def test_the_train_command_refuses_zero_rollout_workers_without_starting_ray() -> None:
+    proc = run(["trainer.rollout_workers=0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2
+    assert err.decode().startswith("error: trainer.rollout_workers=0: must be at least 1")
+    assert b"Traceback" not in err and b"run directory" not in out
 
 
 def test_resume_refuses_a_different_run(tmp_path: Path) -> None:
@@ -146,14 +199,18 @@ def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
         assert proc.poll() is None, "the run ended before it could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    tree = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-    os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group: driver and servers
+    tree = {p.pid: p.create_time() for p in psutil.Process(proc.pid).children(recursive=True)}
+    names = {p.name() for p in psutil.Process(proc.pid).children(recursive=True)}
+    assert {"raylet", "gcs_server", "ray::DashboardAgent"} <= names
+    assert any(n.startswith("ray::Learner") for n in names)  # titled by the running method
+    os.kill(proc.pid, signal.SIGKILL)  # the driver alone, as `kill -9 <pid>` does
     proc.wait(timeout=30)
-    # Ray and the inference server die with the driver: nothing of the run is left behind
-    deadline = time.monotonic() + 180  # Ray's agents notice their raylet is gone within ~1 min
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in tree):
-        assert time.monotonic() < deadline, "processes of the killed run are still alive"
-        time.sleep(0.5)
+    # Ray (agents included), its workers and the inference server die with the driver: 10 s
+    # later nothing of the run is left
+    deadline = time.monotonic() + 10
+    while alive := [p for p, t in tree.items() if _running(p, t)]:
+        assert time.monotonic() < deadline, f"still alive: {_names(alive)}"
+        time.sleep(0.2)
     done_before = len(read_jsonl(killed / "metrics.jsonl"))
     assert done_before < steps
 

@@ -5,6 +5,12 @@ It sends the conversation and the environment's tool schemas and returns the ass
 with the endpoint's structured tool calls. When the endpoint parsed none, ``tool_calls`` is left
 ``None`` so the environment parses ``<tool_call>`` blocks from the text itself (endpoints
 without a tool parser return them as text).
+
+The endpoint is not trusted: each reply body is read with a size limit inside the request's
+deadline and parsed by :func:`~areal_agents.policies.chat_response.parse_chat_completion`, so
+a malformed reply is a retried, then counted, :class:`~areal_agents.errors.EndpointError`, and
+a malformed tool call reaches the environment as ``ToolCall(name="", arguments=<raw>)`` (a
+counted ``parse`` error there). :attr:`ChatPolicy.stats` counts both.
 """
 
 from __future__ import annotations
@@ -12,8 +18,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from areal_agents.policies.openai_client import ClientSettings, EndpointClient
-from areal_agents.types import Message, ToolCall, ToolSpec, Turn
+import openai
+
+from areal_agents.policies.chat_response import ChatReply, parse_chat_completion
+from areal_agents.policies.openai_client import ClientSettings, EndpointClient, read_body
+from areal_agents.types import Message, ToolSpec, Turn
 
 __all__ = ["ChatPolicy"]
 
@@ -28,7 +37,8 @@ class ChatPolicy:
         temperature, top_p, max_tokens: sampling settings (``max_tokens=None``: server default).
         tool_choice: sent when tools are given (``"auto"``; None leaves it to the server).
         extra_body: more request fields (e.g. ``{"top_k": 20}`` for vLLM).
-        timeout, max_retries, backoff_s, max_concurrency: see :class:`ClientSettings`.
+        timeout, max_retries, backoff_s, max_concurrency, max_response_bytes: see
+            :class:`~areal_agents.policies.openai_client.ClientSettings`.
     """
 
     def __init__(
@@ -46,6 +56,7 @@ class ChatPolicy:
         max_retries: int = 4,
         backoff_s: float = 0.5,
         max_concurrency: int = 64,
+        max_response_bytes: int = 32 << 20,
     ) -> None:
         self.model = model
         self.temperature = temperature
@@ -61,8 +72,10 @@ class ChatPolicy:
                 max_retries=max_retries,
                 backoff_s=backoff_s,
                 max_concurrency=max_concurrency,
+                max_response_bytes=max_response_bytes,
             )
         )
+        self.malformed_tool_calls = 0
 
     def request(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         """The request body (without ``extra_body``) for this conversation."""
@@ -80,32 +93,27 @@ class ChatPolicy:
                 body["tool_choice"] = self.tool_choice
         return body
 
+    @property
+    def stats(self) -> dict[str, int]:
+        """Requests so far: ``attempts``, ``retries``, failures by kind (``timeout``,
+        ``connection``, ``malformed``, ``http_<status>``) and ``malformed_tool_calls``."""
+        return {**self.endpoint.stats, "malformed_tool_calls": self.malformed_tool_calls}
+
     async def act(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> Turn:
         body = self.request(conversation, tools)
-        response = await self.endpoint.call(
-            "chat completion",
-            lambda c: c.chat.completions.create(**body, extra_body=self.extra_body or None),
-        )
-        if not response.choices:
-            from areal_agents.errors import EndpointError
+        extra = self.extra_body or None
 
-            raise EndpointError(f"{self.endpoint.settings.base_url} returned no choices")
-        choice = response.choices[0]
-        message = choice.message
-        calls = tuple(
-            ToolCall(name=c.function.name, arguments=c.function.arguments or "{}", id=c.id)
-            for c in (message.tool_calls or ())
-            if getattr(c, "function", None) is not None
-        )
-        usage = None
-        if response.usage is not None:
-            usage = {
-                "prompt_tokens": int(response.usage.prompt_tokens),
-                "completion_tokens": int(response.usage.completion_tokens),
-            }
+        async def attempt(client: openai.AsyncOpenAI) -> ChatReply:
+            create = client.chat.completions.with_streaming_response.create
+            async with create(**body, extra_body=extra) as response:
+                raw = await read_body(response, self.endpoint.settings.max_response_bytes)
+            return parse_chat_completion(raw)
+
+        reply = await self.endpoint.call("chat completion", attempt)
+        self.malformed_tool_calls += reply.malformed_tool_calls
         return Turn(
-            text=message.content or "",
-            tool_calls=calls or None,
-            finish_reason=choice.finish_reason,
-            usage=usage,
+            text=reply.text,
+            tool_calls=reply.tool_calls,
+            finish_reason=reply.finish_reason,
+            usage=reply.usage,
         )

@@ -3,7 +3,10 @@
 Every field is a typed key that can be overridden on the command line
 (``trainer.max_staleness=4``); ``env=``, ``algo=``, ``model=`` and ``inference=`` select
 config groups (presets built by each section's ``from_name``). Validation runs in
-``__post_init__`` and names the key and the fix.
+``__post_init__`` and names the key and the fix; every section starts with
+:func:`~areal_agents.config.check_numbers` (no NaN or infinity, no negative number, durations
+``*_s`` positive), so a bad value is refused while the command line is read, before Ray or a
+server starts.
 
 >>> from areal_agents.config import load_config
 >>> cfg = load_config(TrainConfig, ["env=calculator", "trainer.mode=sync", "model=tiny"])
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from areal_agents.config import check_numbers
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.algorithms import AlgoConfig
 
@@ -48,6 +52,7 @@ class EnvConfig:
     """Times a broken episode (infrastructure fault) is retried before it is dropped."""
 
     def __post_init__(self) -> None:
+        check_numbers(self, "env")
         if not self.name:
             raise ConfigError("env.name is empty: set env=<name or Gymnasium id>")
         if self.group_size < 1:
@@ -158,6 +163,7 @@ class TrainerConfig:
     inherited ``OMP_NUM_THREADS``). On small shared hosts 1 avoids thread oversubscription."""
 
     def __post_init__(self) -> None:
+        check_numbers(self, "trainer")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ConfigError(f"trainer.max_staleness={self.max_staleness}: must be 0 or more")
         if self.mode == "sync" and self.max_staleness:
@@ -165,12 +171,11 @@ class TrainerConfig:
                 f"trainer.mode=sync with trainer.max_staleness={self.max_staleness}: sync mode "
                 "trains with staleness 0; drop max_staleness or use trainer.mode=async"
             )
-        for key in ("total_steps", "groups_per_step", "ppo_epochs", "minibatches"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"trainer.{key}={getattr(self, key)}: must be at least 1")
-        for key in ("learner_ranks", "rollout_workers", "max_concurrent_groups"):
-            if (getattr(self, key) or 1) < 1:
-                raise ConfigError(f"trainer.{key}={getattr(self, key)}: must be at least 1")
+        counts = ("total_steps", "groups_per_step", "ppo_epochs", "minibatches")
+        for key in (*counts, "learner_ranks", "rollout_workers", "max_concurrent_groups"):
+            value = getattr(self, key)
+            if value is not None and value < 1:  # None: only max_concurrent_groups (default)
+                raise ConfigError(f"trainer.{key}={value}: must be at least 1")
         if self.lr <= 0:
             raise ConfigError(f"trainer.lr={self.lr}: must be positive (e.g. trainer.lr=1e-6)")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -245,6 +250,7 @@ class InferenceConfig:
     CPU threads are set by its own ``VLLM_CPU_OMP_THREADS_BIND`` instead."""
 
     def __post_init__(self) -> None:
+        check_numbers(self, "inference")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError(
                 f"inference.torch_threads={self.torch_threads}: must be at least 1 "
@@ -291,12 +297,13 @@ class RayConfig:
     """Object store size of a local instance."""
 
     def __post_init__(self) -> None:
+        check_numbers(self, "ray")
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ConfigError(f"ray.num_cpus={self.num_cpus}: must be at least 1")
         if self.actor_cpus < 0 or self.learner_gpus < 0:
             raise ConfigError("ray.actor_cpus and ray.learner_gpus must be 0 or more")
-        if self.object_store_mb < 64:
-            raise ConfigError(f"ray.object_store_mb={self.object_store_mb}: at least 64")
+        if self.object_store_mb < 75:  # Ray refuses less, with a traceback, after start-up
+            raise ConfigError(f"ray.object_store_mb={self.object_store_mb}: at least 75")
 
 
 @dataclass
@@ -311,6 +318,9 @@ class LogConfig:
     """Episode transcripts sampled into ``transcripts.jsonl`` each step."""
     progress: bool = True
     """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "log")
 
 
 @dataclass
@@ -335,6 +345,7 @@ class TrainConfig:
     """Run directory (None: ``runs/<env>-<algo>``; re-running the same command resumes it)."""
 
     def __post_init__(self) -> None:
+        check_numbers(self.algo, "algo")  # AlgoConfig checks ranges; NaN and inf are caught here
         use_group = getattr(self.algo, "advantage", "") in ("grpo", "dr_grpo", "rloo")
         if use_group and self.env.group_size < 2:
             raise ConfigError(

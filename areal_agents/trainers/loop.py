@@ -54,6 +54,7 @@ from areal_agents.trainers.runtime import (
     remote_class,
     save_config,
     start_ray,
+    stop_ray,
 )
 
 __all__ = ["train"]
@@ -357,4 +358,4 @@ def shutdown(
         learners.shutdown()
     stop_servers(servers)
     if started_ray:
-        ray.shutdown()
+        stop_ray()

@@ -6,6 +6,7 @@ weights, record, checkpoint.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from pathlib import Path
@@ -15,9 +16,10 @@ from areal_agents.config import dump_yaml, to_dict
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.checkpoint import CheckpointManager, read_json
 from areal_agents.trainers.config import EnvConfig, InferenceConfig, RayConfig, TrainConfig
+from areal_agents.trainers.ray_reaper import RUN_ENV, RayReaper
 from areal_agents.trainers.rollout_worker import RayBuffer, RolloutWorker, WorkerStats
 
-__all__ = ["RolloutWorkerActor", "choose_run_dir", "remote_class", "start_ray"]
+__all__ = ["RolloutWorkerActor", "choose_run_dir", "remote_class", "start_ray", "stop_ray"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +68,22 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+_reaper: RayReaper | None = None
+
+
 def start_ray(cfg: RayConfig) -> bool:
-    """Start (or attach to) Ray; returns True when this call started it."""
+    """Start (or attach to) Ray; returns True when this call started it.
+
+    Without ``ray.address`` a fresh local instance is started, always (``address="local"``:
+    never a cluster that a stale record on the machine names), on loopback only (Ray
+    otherwise registers, and binds, the machine's network address), with token
+    authentication set explicitly (no warning), and watched by a
+    :class:`~areal_agents.trainers.ray_reaper.RayReaper`, so that none of its processes
+    outlives this one, even after ``kill -9``.
+    """
     import ray
 
+    global _reaper
     os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
     # Ray runs its workers at nice 15 by default: the learners would starve next to the server
     os.environ.setdefault("RAY_worker_niceness", "0")
@@ -79,17 +93,66 @@ def start_ray(cfg: RayConfig) -> bool:
     if cfg.address:
         ray.init(address=cfg.address, runtime_env=runtime_env, logging_level=logging.WARNING)
         return True
-    ray.init(
-        num_cpus=cfg.num_cpus or os.cpu_count() or 1,
-        num_gpus=None,
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        object_store_memory=cfg.object_store_mb * 2**20,
-        runtime_env=runtime_env,
-        logging_level=logging.WARNING,
-        log_to_driver=True,
-    )
+    _loopback_only()
+    if _reaper is not None:  # a previous run of this process: its leftovers go now
+        _reaper.sweep_now()
+    _reaper = RayReaper.start()
+    os.environ[RUN_ENV] = _reaper.token  # inherited by Ray's processes, not by later children
+    # Ray enables token authentication for a new local cluster and warns that it did; it
+    # stays enabled, the warning is not printed (RAY_AUTH_MODE=token would say the same, but
+    # Ray reads it once per process, possibly before this function runs).
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    auth_level = auth_log.level
+    auth_log.setLevel(logging.ERROR)
+    try:
+        context = ray.init(
+            address="local",
+            num_cpus=cfg.num_cpus or os.cpu_count() or 1,
+            num_gpus=None,
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            object_store_memory=cfg.object_store_mb * 2**20,
+            runtime_env=runtime_env,
+            logging_level=logging.WARNING,
+            log_to_driver=True,
+        )
+    except BaseException:
+        _reaper.sweep_now()
+        _reaper = None
+        raise
+    finally:
+        os.environ.pop(RUN_ENV, None)
+        auth_log.setLevel(auth_level)
+    session_dir = (getattr(context, "address_info", None) or {}).get("session_dir")
+    if session_dir:
+        _reaper.watch(str(session_dir))
+    atexit.register(_reaper.close)
     return True
+
+
+def _loopback_only() -> None:
+    """Keep a local run's Ray on 127.0.0.1.
+
+    Ray turns ``_node_ip_address="127.0.0.1"`` into the machine's network address ("remotely
+    reachable") unless clusters are disabled, which it decides from
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when ``ray`` is first imported: the variable is set
+    for the processes Ray starts, and the constant for this one (imported long before).
+    """
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def stop_ray() -> None:
+    """``ray.shutdown()``, then reap what the local run left (its agents) at once."""
+    import ray
+
+    global _reaper
+    ray.shutdown()
+    if _reaper is not None:
+        _reaper.sweep_now()
+        _reaper = None
 
 
 def _finished(run_dir: Path, total_steps: int) -> bool:

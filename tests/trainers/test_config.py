@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+
 import pytest
 
 from areal_agents.config import load_config
@@ -36,3 +39,73 @@ def test_time_budget_is_optional_and_positive() -> None:
     for bad in ("0", "-5"):
         with pytest.raises(ConfigError, match=r"trainer\.time_budget_s"):
             load_config(TrainConfig, [f"trainer.time_budget_s={bad}"])
+
+
+def _numeric_keys() -> list[tuple[str, str, type]]:
+    """(section, key, type) of every number of every section of TrainConfig, algo included."""
+    root = TrainConfig()
+    out = []
+    for section in dataclasses.fields(root):
+        value = getattr(root, section.name)
+        if not dataclasses.is_dataclass(value):
+            continue
+        hints = typing.get_type_hints(type(value))
+        for f in dataclasses.fields(value):
+            kinds = {hints[f.name], *typing.get_args(hints[f.name])}
+            number = next((k for k in (float, int) if k in kinds), None)
+            if number is not None:
+                out.append((section.name, f.name, number))
+    return out
+
+
+NUMERIC = _numeric_keys()
+
+
+def test_every_numeric_key_is_covered() -> None:
+    keys = {f"{s}.{k}" for s, k, _ in NUMERIC}
+    assert {"trainer.lr", "trainer.rollout_workers", "inference.temperature"} <= keys
+    assert {"inference.request_timeout_s", "algo.clip_eps_high", "ray.actor_cpus"} <= keys
+    assert len(keys) > 40
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "kind"), NUMERIC, ids=[f"{s}.{k}" for s, k, _ in NUMERIC]
+)
+def test_every_numeric_key_refuses_nan_inf_and_negatives(
+    section: str, key: str, kind: type
+) -> None:
+    bad = ["-1"] + (["nan", "inf", "-inf"] if kind is float else [])
+    for value in bad:
+        with pytest.raises(ConfigError, match=rf"{section}\.{key}") as e:
+            load_config(TrainConfig, [f"{section}.{key}={value}"])
+        assert "Traceback" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.rollout_workers=0", r"trainer\.rollout_workers=0: must be at least 1"),
+        ("trainer.learner_ranks=0", r"trainer\.learner_ranks=0: must be at least 1"),
+        ("trainer.max_concurrent_groups=0", r"trainer\.max_concurrent_groups=0"),
+        ("inference.temperature=nan", r"inference\.temperature=nan: must be a finite number"),
+        ("inference.request_timeout_s=-1", r"inference\.request_timeout_s=-1\.0: a duration"),
+        ("inference.startup_timeout_s=0", r"inference\.startup_timeout_s=0\.0: a duration"),
+        ("inference.weight_sync_timeout_s=0", r"inference\.weight_sync_timeout_s"),
+        ("trainer.seed=-1", r"trainer\.seed=-1: must not be negative"),
+        ("algo.clip_eps_high=nan", r"algo\.clip_eps_high=nan"),
+    ],
+)
+def test_reported_bad_values_are_refused_with_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(TrainConfig, [override])
+
+
+def test_optional_counts_stay_optional() -> None:
+    cfg = load_config(TrainConfig, ["trainer.max_concurrent_groups=null", "env.max_turns=null"])
+    assert cfg.trainer.max_concurrent_groups is None and cfg.env.max_turns is None
+
+
+def test_an_object_store_ray_would_refuse_is_refused_here() -> None:
+    with pytest.raises(ConfigError, match=r"ray\.object_store_mb=64: at least 75"):
+        load_config(TrainConfig, ["ray.object_store_mb=64"])
+    assert load_config(TrainConfig, ["ray.object_store_mb=75"]).ray.object_store_mb == 75

@@ -1,0 +1,148 @@
+"""A local run's Ray: its own instance, on loopback, quiet, and gone 10 s after ``kill -9``.
+
+Each test runs a real driver (``start_ray`` + one actor) in a child process, with Ray's temp
+directory pointing at a fresh folder that holds a stale "current cluster" record — the
+state a killed cluster leaves behind, in which ``ray.init(num_cpus=...)`` without an address
+fails ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DRIVER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import psutil, ray
+    from areal_agents.trainers.config import RayConfig
+    from areal_agents.trainers.runtime import start_ray, stop_ray
+
+    assert start_ray(RayConfig(num_cpus=1, object_store_mb=80))
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def pid(self):
+            return os.getpid()
+
+    actor_pid = ray.get(Echo.remote().pid.remote())
+    me = psutil.Process()
+    tree = {p.pid: [p.name(), p.create_time()] for p in me.children(recursive=True)}
+    listening = sorted(
+        {(p.name(), c.laddr.ip) for p in me.children(recursive=True)
+         for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    )
+    print(json.dumps({"tree": tree, "listening": listening, "actor": actor_pid}), flush=True)
+    if sys.argv[1] == "stop":
+        stop_ray()
+        left = [p.pid for p in me.children(recursive=True) if p.status() != "zombie"]
+        print(json.dumps({"left": left}), flush=True)
+    else:
+        time.sleep(600)
+    """
+)
+
+
+@pytest.fixture
+def ray_tmp() -> Iterator[Path]:
+    """A short temp dir (Ray's socket paths must stay under 108 bytes) with a stale record."""
+    tmp = Path(tempfile.mkdtemp(prefix="ray"))
+    (tmp / "ray").mkdir()
+    (tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")  # nothing listens there
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _driver(mode: str, ray_tmp: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_TMPDIR": str(ray_tmp)}
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, mode],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _first_report(driver: subprocess.Popen[str]) -> dict[str, Any]:
+    assert driver.stdout is not None
+    line = driver.stdout.readline()
+    if not line:
+        driver.wait(timeout=60)
+        pytest.fail(
+            f"the driver did not start Ray: {driver.stderr.read() if driver.stderr else ''}"
+        )
+    return dict(json.loads(line))
+
+
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def _alive(tree: dict[str, list[Any]]) -> list[str]:
+    out = []
+    for pid, (name, created) in tree.items():
+        try:
+            p = psutil.Process(int(pid))
+            if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{pid} {name}")
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_kill_9_of_the_driver_leaves_no_ray_process_10_s_later(ray_tmp: Path) -> None:
+    driver = _driver("kill", ray_tmp)
+    try:
+        report = _first_report(driver)
+    except BaseException:
+        driver.kill()
+        raise
+    tree = report["tree"]
+    names = {name for name, _ in tree.values()}
+    assert {"raylet", "gcs_server", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names
+    # On loopback only (Ray would otherwise register and listen on the network address).
+    assert report["listening"]
+    assert [x for x in report["listening"] if not _loopback(x[1])] == []
+    driver.kill()  # kill -9
+    driver.wait()
+    deadline = time.monotonic() + 10
+    while alive := _alive(tree):
+        if time.monotonic() > deadline:
+            for entry in alive:  # leave nothing behind for the next test
+                os.kill(int(entry.split()[0]), 9)
+            pytest.fail(f"alive 10 s after kill -9 of the driver: {alive}")
+        time.sleep(0.2)
+    assert driver.stderr is not None
+    err = driver.stderr.read()
+    assert "Token authentication" not in err  # no warning printed
+    assert "existing cluster" not in err
+
+
+def test_stop_ray_leaves_no_process_behind(ray_tmp: Path) -> None:
+    driver = _driver("stop", ray_tmp)
+    out, err = driver.communicate(timeout=180)
+    assert driver.returncode == 0, err
+    first, last = (json.loads(line) for line in out.splitlines()[:2])
+    assert last["left"] == []
+    assert _alive(first["tree"]) == []
+    assert "Token authentication" not in err
