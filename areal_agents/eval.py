@@ -37,7 +37,7 @@ from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
 from areal_agents.policies.base import Policy
 
 if TYPE_CHECKING:
-    from areal_agents.policies.server import BuiltinServer
+    from areal_agents.serving.server import BuiltinServer
 
 __all__ = ["EvalConfig", "EvalPolicyConfig", "main", "pass_at_k", "run_eval", "summarize"]
 
@@ -370,7 +370,7 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
     with _sigterm_exits(stop_now):
         try:
             if not base_url:
-                from areal_agents.policies.server import BuiltinServer
+                from areal_agents.serving.server import BuiltinServer
 
                 servers.append(
                     BuiltinServer(model="default" if model == "SmolLM2-135M-Instruct" else model)

@@ -134,8 +134,8 @@ def rollout_sweep(
     """
     from transformers import AutoTokenizer
 
-    from areal_agents.policies.server import BuiltinServer
     from areal_agents.policies.token_client import TokenPolicy
+    from areal_agents.serving.server import BuiltinServer
     from areal_agents.trainers.modeling import resolve_model_dir
 
     model_dir = resolve_model_dir(model)

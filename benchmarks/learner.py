@@ -296,7 +296,7 @@ def _push_rounds(server: Any, model_dir: str, repeats: int, in_memory: bool) -> 
 
 def push_latency(model: str, repeats: int, vllm: bool) -> dict[str, Any]:
     """Weight-push latency to the built-in server (and vLLM when asked and available)."""
-    from areal_agents.policies.server import BuiltinServer
+    from areal_agents.serving.server import BuiltinServer
     from areal_agents.trainers.modeling import resolve_model_dir
 
     model_dir = str(resolve_model_dir(model))
@@ -314,9 +314,9 @@ def push_latency(model: str, repeats: int, vllm: bool) -> dict[str, Any]:
     python = _vllm_python()
     if vllm and python:
         try:
-            from areal_agents.policies.vllm import VLLMServer
+            from areal_agents.serving.vllm import VLLMServer
         except ImportError as e:
-            out["vllm"] = {"skipped": f"areal_agents.policies.vllm not importable: {e}"}
+            out["vllm"] = {"skipped": f"areal_agents.serving.vllm not importable: {e}"}
         else:
             os.environ.setdefault("AREAL_VLLM_PYTHON", python)
             t0 = time.perf_counter()

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 class InferenceServer(Protocol):
-    """What training needs from a server (``policies.server`` / ``policies.vllm`` provide it)."""
+    """What training needs from a server (``serving.server`` / ``serving.vllm`` provide it)."""
 
     base_url: str
 
@@ -66,11 +66,11 @@ def _create(
         "log_path": log_path,
     }
     if cfg.engine == "vllm":
-        from areal_agents.policies.vllm import VLLMServer
+        from areal_agents.serving.vllm import VLLMServer
 
         cls: Any = VLLMServer
     else:
-        from areal_agents.policies.server import BuiltinServer
+        from areal_agents.serving.server import BuiltinServer
 
         cls = BuiltinServer
     # both launchers end their server with this process (die_with_parent, on by default)

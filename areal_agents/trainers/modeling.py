@@ -1,6 +1,6 @@
 """Models the learner trains: the policy, an optional value model, and a tiny test model.
 
-``model=default`` is SmolLM2-135M-Instruct converted offline (``policies.model``). ``model=tiny``
+``model=default`` is SmolLM2-135M-Instruct converted offline (``serving.model``). ``model=tiny``
 is a *randomly initialised* model with the same architecture family (Llama), the same
 tokenizer and chat template, but 2 layers of width 128 (~6.6 M parameters, mostly the
 embedding): it produces gibberish and exists so that tests of the training machinery (resume,
@@ -40,7 +40,7 @@ def tiny_model_path(seed: int = 0) -> Path:
     """A tiny random Llama with the default model's tokenizer, saved once (see module doc)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from areal_agents.policies.model import cache_root, default_model_path
+    from areal_agents.serving.model import cache_root, default_model_path
 
     target = cache_root() / f"{TINY_MODEL_NAME}-h{_TINY_SHAPE['hidden_size']}-s{seed}"
     if (target / _TINY_STAMP).is_file():
@@ -72,7 +72,7 @@ def resolve_model_dir(name: str) -> Path:
     """The local directory of ``model.name`` (``default``, ``tiny`` or a path)."""
     if name == "tiny":
         return tiny_model_path()
-    from areal_agents.policies.model import resolve_model
+    from areal_agents.serving.model import resolve_model
 
     resolved = resolve_model(name)
     path = Path(resolved)

@@ -23,7 +23,7 @@ from areal_agents.policies.chat_client import ChatPolicy
 from areal_agents.policies.token_client import TokenPolicy
 from areal_agents.rollout import run_episode
 from areal_agents.types import Message, ToolCall, ToolSpec, Turn
-from tests.policies.conftest import teacher_forced_logprobs
+from tests.conftest import teacher_forced_logprobs
 
 pytestmark = pytest.mark.integration
 
@@ -70,12 +70,12 @@ def few_shot_tool_conversation() -> list[dict[str, Any]]:
 )
 def server(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "builtin":
-        from areal_agents.policies.server import BuiltinServer
+        from areal_agents.serving.server import BuiltinServer
 
         handle: Any = BuiltinServer(max_model_len=2048)
         timeout = 180.0
     else:
-        from areal_agents.policies.vllm import VLLMServer
+        from areal_agents.serving.vllm import VLLMServer
         from tests.conftest import vllm_python
 
         python = vllm_python()

@@ -1,7 +1,7 @@
 """The weight-sync contract between a trainer and its inference servers, and its helpers.
 
-Both the built-in server's handle (:class:`~areal_agents.policies.server.BuiltinServer`) and
-the vLLM launcher (:class:`~areal_agents.policies.vllm.VLLMServer`) implement
+Both the built-in server's handle (:class:`~areal_agents.serving.server.BuiltinServer`) and
+the vLLM launcher (:class:`~areal_agents.serving.vllm.VLLMServer`) implement
 :class:`WeightSync`. Every method is bounded by a timeout and raises
 :class:`~areal_agents.errors.WeightSyncError` on failure; none ever hangs.
 """

@@ -1,8 +1,8 @@
 """One inference server as a child process: start it with a log file, wait for it, stop it.
 
 :class:`ServerProcess` is the lifecycle that the built-in server
-(:class:`~areal_agents.policies.server.BuiltinServer`) and stock vLLM
-(:class:`~areal_agents.policies.vllm.VLLMServer`) share. A subclass says what to run
+(:class:`~areal_agents.serving.server.BuiltinServer`) and stock vLLM
+(:class:`~areal_agents.serving.vllm.VLLMServer`) share. A subclass says what to run
 (:meth:`ServerProcess.command`, :meth:`ServerProcess.environment`), sets the attributes the
 lifecycle reads (``root_url``, ``log_path``, ``process = None``, ``_log = None``) in its
 ``__init__``, and overrides the class attributes that differ (the name in error messages, the
