@@ -285,8 +285,8 @@ async def run_eval(cfg: EvalConfig, policy: Policy) -> dict[str, Any]:
             "seed": cfg.seed + task_index,
             **episode.to_json(),
             "completion_tokens": sum(
-                len(t.token_ids)
-                if t.token_ids is not None
+                len(t.completion_ids)
+                if t.completion_ids is not None
                 else (t.usage or {}).get("completion_tokens", 0)
                 for t in episode.turns
             ),

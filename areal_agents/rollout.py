@@ -68,7 +68,7 @@ class Episode:
             "num_turns": self.num_turns,
             "tool_calls": self.tool_calls,
             "tool_errors": dict(self.tool_errors),
-            "num_policy_tokens": sum(len(t.token_ids or ()) for t in self.turns),
+            "num_policy_tokens": sum(len(t.completion_ids or ()) for t in self.turns),
             "duration_s": round(self.duration_s, 4),
             "messages": [m.to_openai() for m in self.messages],
             "info": _jsonable(self.info),

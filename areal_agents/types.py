@@ -114,27 +114,28 @@ class Turn:
 
     ``tool_calls`` is ``None`` when the endpoint did not parse tool calls (the environment then
     parses them from ``text``), and a tuple (possibly empty) when it did. The token fields are
-    filled by token-level clients: ``prompt_token_ids`` is the whole context the turn was
-    sampled from, ``token_ids``/``logprobs``/``versions`` describe the sampled tokens (one
-    policy version per token, since a weight update may land in the middle of a turn).
+    filled by token-level clients: ``prompt_ids`` is the whole context the turn was sampled
+    from; ``completion_ids``, ``behavior_logprobs`` (the sampling policy's log-probs) and
+    ``versions`` describe the sampled tokens (one policy version per token, since a weight update
+    may land in the middle of a turn).
     """
 
     text: str
     tool_calls: tuple[ToolCall, ...] | None = None
-    token_ids: tuple[int, ...] | None = None
-    logprobs: tuple[float, ...] | None = None
+    completion_ids: tuple[int, ...] | None = None
+    behavior_logprobs: tuple[float, ...] | None = None
     versions: tuple[int, ...] | None = None
-    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None
     finish_reason: str | None = None
     usage: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
     """Token counts the endpoint reported (``prompt_tokens``, ``completion_tokens``), if any."""
 
     def __post_init__(self) -> None:
-        n = None if self.token_ids is None else len(self.token_ids)
-        for name in ("logprobs", "versions"):
+        n = None if self.completion_ids is None else len(self.completion_ids)
+        for name in ("behavior_logprobs", "versions"):
             value = getattr(self, name)
             if value is not None and (n is None or len(value) != n):
-                raise ValueError(f"Turn.{name} has {len(value)} entries for {n} token ids")
+                raise ValueError(f"Turn.{name} has {len(value)} entries for {n} completion ids")
 
     @property
     def version(self) -> int | None:
@@ -219,7 +220,7 @@ class Trajectory:
     sampled token ``i`` (0.0 and -1 where the mask is 0).
     """
 
-    token_ids: tuple[int, ...]
+    sequence_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
     behavior_logprobs: tuple[float, ...]
     versions: tuple[int, ...]
@@ -232,7 +233,7 @@ class Trajectory:
     metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        n = len(self.token_ids)
+        n = len(self.sequence_ids)
         for name in ("loss_mask", "behavior_logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(
@@ -265,7 +266,7 @@ class Trajectory:
     ) -> Trajectory:
         """Join token-level turns into one trajectory.
 
-        Each turn's ``prompt_token_ids`` must extend the previous turn's prompt plus its sampled
+        Each turn's ``prompt_ids`` must extend the previous turn's prompt plus its sampled
         tokens (the token client guarantees this); the tokens between are the environment's
         (tool results, template) and get mask 0.
         """
@@ -276,9 +277,13 @@ class Trajectory:
         logprobs: list[float] = []
         versions: list[int] = []
         for i, turn in enumerate(turns):
-            if turn.prompt_token_ids is None or turn.token_ids is None or turn.logprobs is None:
+            if (
+                turn.prompt_ids is None
+                or turn.completion_ids is None
+                or turn.behavior_logprobs is None
+            ):
                 raise ValueError(f"turn {i} has no token ids/logprobs: use a token-level policy")
-            prompt = turn.prompt_token_ids
+            prompt = turn.prompt_ids
             if tuple(ids) != prompt[: len(ids)]:
                 raise ValueError(f"turn {i}: prompt does not extend the previous turns' tokens")
             extra = len(prompt) - len(ids)
@@ -286,12 +291,12 @@ class Trajectory:
             mask.extend([0] * extra)
             logprobs.extend([0.0] * extra)
             versions.extend([-1] * extra)
-            ids.extend(turn.token_ids)
-            mask.extend([1] * len(turn.token_ids))
-            logprobs.extend(turn.logprobs)
-            versions.extend(turn.versions or [0] * len(turn.token_ids))
+            ids.extend(turn.completion_ids)
+            mask.extend([1] * len(turn.completion_ids))
+            logprobs.extend(turn.behavior_logprobs)
+            versions.extend(turn.versions or [0] * len(turn.completion_ids))
         return cls(
-            token_ids=tuple(ids),
+            sequence_ids=tuple(ids),
             loss_mask=tuple(mask),
             behavior_logprobs=tuple(logprobs),
             versions=tuple(versions),

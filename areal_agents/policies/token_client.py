@@ -7,7 +7,7 @@ vLLM's OpenAI server uses for RL (``return_token_ids``: per-choice ``token_ids``
 The conversation is rendered once with the model's chat template (with tools). On every later
 turn the prompt is the previous turn's prompt + its sampled ids + the template's tokens for the
 new tool/user messages (:func:`~areal_agents.policies.templates.continuation_ids`), so each
-turn's ``prompt_token_ids`` extends the last exactly and
+turn's ``prompt_ids`` extends the last exactly and
 :meth:`~areal_agents.types.Trajectory.from_turns` can join them: training sees exactly the
 tokens the policy produced. Tool calls stay in the text in the model's own format; the
 environment parses them (and counts malformed ones as the model's mistakes).
@@ -41,15 +41,15 @@ def prompt_ids_for(
         turn = message.turn
         if message.role != "assistant" or turn is None:
             continue
-        if turn.prompt_token_ids is None or turn.token_ids is None:
+        if turn.prompt_ids is None or turn.completion_ids is None:
             continue
-        base = [*turn.prompt_token_ids, *turn.token_ids]
+        base = [*turn.prompt_ids, *turn.completion_ids]
         tail = continuation_ids(
             tokenizer,
             conversation[: index + 1],
             conversation[index + 1 :],
             tools,
-            sampled_ids=turn.token_ids,
+            sampled_ids=turn.completion_ids,
         )
         return base + tail
     return render_prompt_ids(tokenizer, conversation, tools)
@@ -147,62 +147,67 @@ class TokenPolicy:
         return response, int(version)
 
     async def act(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> Turn:
-        prompt = prompt_ids_for(self.tokenizer, conversation, tools)
+        prompt_ids = prompt_ids_for(self.tokenizer, conversation, tools)
         budget = self.max_tokens
         limit = await self._context_length()
         if limit is not None:
-            budget = min(budget, limit - len(prompt))
+            budget = min(budget, limit - len(prompt_ids))
         if budget <= 0:  # the context is full: an empty turn that ends the episode
             return Turn(
                 text="",
-                token_ids=(),
-                logprobs=(),
+                completion_ids=(),
+                behavior_logprobs=(),
                 versions=(),
-                prompt_token_ids=tuple(prompt),
+                prompt_ids=tuple(prompt_ids),
                 finish_reason="length",
             )
-        ids: list[int] = []
-        logprobs: list[float] = []
+        completion_ids: list[int] = []
+        behavior_logprobs: list[float] = []
         versions: list[int] = []
         finish: str | None = ABORT_FINISH_REASON
         continuations = 0
         usage_prompt = 0
-        while finish == ABORT_FINISH_REASON and len(ids) < budget:
+        while finish == ABORT_FINISH_REASON and len(completion_ids) < budget:
             if continuations > self.max_continuations:
                 raise EndpointError(
                     f"generation was interrupted {continuations} times in a row; giving up"
                 )
             continuations += 1
-            response, version = await self._complete(prompt + ids, budget - len(ids))
+            response, version = await self._complete(
+                prompt_ids + completion_ids, budget - len(completion_ids)
+            )
             choice = response.choices[0]
             extra = choice.model_extra or {}
-            new_ids = extra.get("token_ids")
-            if new_ids is None:
+            chunk_ids = extra.get("token_ids")
+            if chunk_ids is None:
                 raise EndpointError(
                     "the endpoint returned no token_ids: it does not support return_token_ids "
                     "(use vLLM or the built-in server for token-level rollouts)"
                 )
-            new_logprobs = list(choice.logprobs.token_logprobs) if choice.logprobs else []
-            if len(new_logprobs) != len(new_ids):
+            chunk_logprobs = list(choice.logprobs.token_logprobs) if choice.logprobs else []
+            if len(chunk_logprobs) != len(chunk_ids):
                 raise EndpointError(
-                    f"the endpoint returned {len(new_ids)} token ids but "
-                    f"{len(new_logprobs)} logprobs"
+                    f"the endpoint returned {len(chunk_ids)} token ids but "
+                    f"{len(chunk_logprobs)} logprobs"
                 )
-            ids.extend(int(t) for t in new_ids)
-            logprobs.extend(float(lp if lp is not None else 0.0) for lp in new_logprobs)
-            versions.extend([version] * len(new_ids))
+            completion_ids.extend(int(t) for t in chunk_ids)
+            behavior_logprobs.extend(float(lp if lp is not None else 0.0) for lp in chunk_logprobs)
+            versions.extend([version] * len(chunk_ids))
             finish = choice.finish_reason
             if response.usage is not None and not usage_prompt:
                 usage_prompt = int(response.usage.prompt_tokens)
         if finish == ABORT_FINISH_REASON:  # the budget ran out exactly at the interruption
             finish = "length"
         return Turn(
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            text=self.tokenizer.decode(completion_ids, skip_special_tokens=True),
             tool_calls=None,
-            token_ids=tuple(ids),
-            logprobs=tuple(logprobs),
+            completion_ids=tuple(completion_ids),
+            behavior_logprobs=tuple(behavior_logprobs),
             versions=tuple(versions),
-            prompt_token_ids=tuple(prompt),
+            prompt_ids=tuple(prompt_ids),
             finish_reason=finish,
-            usage={"prompt_tokens": usage_prompt or len(prompt), "completion_tokens": len(ids)},
+            usage={
+                "prompt_tokens": usage_prompt or len(prompt_ids),
+                "completion_tokens": len(completion_ids),
+            },
         )

@@ -236,7 +236,7 @@ def compute_advantages(
     group_ids: Sequence[str],
     values: Tensor | None = None,
     *,
-    old_logprobs: Tensor | None = None,
+    behavior_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     baseline: RunningBaseline | None = None,
 ) -> tuple[Tensor, Tensor | None]:
@@ -246,8 +246,8 @@ def compute_advantages(
     token rewards (a reward on a tool token goes to the policy token before it). Sequence-level
     estimators (grpo, dr_grpo, rloo, reinforce) use each row's reward total; token-level ones
     (gae, reinforce_pp) use the rewards token by token. With ``kl_in_reward`` and ``kl_coef > 0``
-    pass ``old_logprobs`` (the sampling or proximal policy) and ``ref_logprobs``: the penalty
-    ``-kl_coef * KL`` is added on every policy token. ``baseline`` is the trainer's
+    pass ``behavior_logprobs`` (the policy that sampled the tokens) and ``ref_logprobs``: the
+    penalty ``-kl_coef * KL`` is added on every policy token. ``baseline`` is the trainer's
     :class:`RunningBaseline` for ``baseline=running``. ``group_ids`` is any sequence of ``B``
     hashable labels (samples of one task share one).
     """
@@ -266,9 +266,9 @@ def compute_advantages(
     # group's baseline).
     seq_rewards = rewards if rewards.dim() == 1 else rewards.sum(dim=1)  # [B]
     if cfg.kl_in_reward and cfg.kl_coef > 0:
-        if old_logprobs is None or ref_logprobs is None:
-            raise ValueError("kl_in_reward needs old_logprobs= and ref_logprobs= ([B, T])")
-        penalty = kl_reward_penalty(cfg, old_logprobs, ref_logprobs, maskf)  # [B, T]
+        if behavior_logprobs is None or ref_logprobs is None:
+            raise ValueError("kl_in_reward needs behavior_logprobs= and ref_logprobs= ([B, T])")
+        penalty = kl_reward_penalty(cfg, behavior_logprobs, ref_logprobs, maskf)  # [B, T]
         token_rewards = token_rewards + penalty
         seq_rewards = seq_rewards + penalty.sum(dim=1)
     if cfg.advantage == "gae" and values is None:

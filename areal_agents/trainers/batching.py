@@ -4,13 +4,13 @@ Every learner rank receives the whole batch and computes the same split, so that
 the same number of micro-batches (FSDP's collectives need that): a rank with less work gets
 empty micro-batches (one padding row with an all-zero mask) that contribute exactly nothing.
 
-Positions: ``input_ids`` is ``[B, T]``; everything the loss sees is aligned to the *predicted*
+Positions: ``sequence_ids`` is ``[B, T]``; everything the loss sees is aligned to the *predicted*
 tokens, ``[B, T - 1]`` (logits at ``t`` predict token ``t + 1``).
 
 >>> from areal_agents.types import Trajectory
 >>> t = Trajectory((1, 2, 3), (0, 1, 1), (0.0, -0.5, -0.7), (-1, 0, 0), 1.0, "g")
 >>> b = collate([t], pad_id=0)
->>> b.input_ids.tolist(), b.mask.tolist(), b.behavior_logprobs.tolist()
+>>> b.sequence_ids.tolist(), b.loss_mask.tolist(), b.behavior_logprobs.tolist()
 ([[1, 2, 3]], [[1.0, 1.0]], [[-0.5, -0.699999988079071]])
 >>> split_ranks([5, 3, 3, 1], world_size=2)
 [[0, 3], [1, 2]]
@@ -33,11 +33,12 @@ __all__ = ["Batch", "collate", "micro_batches", "plan", "split_minibatches", "sp
 
 @dataclass
 class Batch:
-    """A padded batch. ``mask``, ``behavior_logprobs``, ``versions`` are shifted ``[B, T-1]``."""
+    """A padded batch; ``loss_mask``, ``behavior_logprobs`` and ``versions`` are ``[B, T-1]``
+    (aligned to the predicted tokens)."""
 
-    input_ids: Tensor  # [B, T] long
+    sequence_ids: Tensor  # [B, T] long
     attention_mask: Tensor  # [B, T] long
-    mask: Tensor  # [B, T-1] float, 1 on predicted policy tokens
+    loss_mask: Tensor  # [B, T-1] float, 1 on predicted policy tokens
     behavior_logprobs: Tensor  # [B, T-1]
     versions: Tensor  # [B, T-1] long (-1 off the mask)
     rewards: Tensor  # [B]
@@ -64,9 +65,9 @@ class Batch:
         w = width or max(self.lengths[i] for i in index)
         w = max(w, 2)
         return Batch(
-            input_ids=self.input_ids[idx, :w],
+            sequence_ids=self.sequence_ids[idx, :w],
             attention_mask=self.attention_mask[idx, :w],
-            mask=self.mask[idx, : w - 1],
+            loss_mask=self.loss_mask[idx, : w - 1],
             behavior_logprobs=self.behavior_logprobs[idx, : w - 1],
             versions=self.versions[idx, : w - 1],
             rewards=self.rewards[idx],
@@ -79,25 +80,25 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     """Right-pad trajectories into one :class:`Batch`."""
     if not trajectories:
         raise ValueError("cannot collate an empty batch")
-    lengths = [max(len(t.token_ids), 2) for t in trajectories]
+    lengths = [max(len(t.sequence_ids), 2) for t in trajectories]
     B, T = len(trajectories), max(lengths)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T)
-    behav = torch.zeros(B, T)
+    behavior = torch.zeros(B, T)
     vers = torch.full((B, T), -1, dtype=torch.long)
     for i, t in enumerate(trajectories):
-        n = len(t.token_ids)
-        ids[i, :n] = torch.tensor(t.token_ids, dtype=torch.long)
+        n = len(t.sequence_ids)
+        ids[i, :n] = torch.tensor(t.sequence_ids, dtype=torch.long)
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        behav[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
+        behavior[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
         vers[i, :n] = torch.tensor(t.versions, dtype=torch.long)
     return Batch(
-        input_ids=ids,
+        sequence_ids=ids,
         attention_mask=attn,
-        mask=mask[:, 1:].contiguous(),
-        behavior_logprobs=behav[:, 1:].contiguous(),
+        loss_mask=mask[:, 1:].contiguous(),
+        behavior_logprobs=behavior[:, 1:].contiguous(),
         versions=vers[:, 1:].contiguous(),
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         group_ids=[t.group_id for t in trajectories],

@@ -100,7 +100,7 @@ class Group:
 def trajectory_to_dict(traj: Trajectory) -> dict[str, Any]:
     """A JSON-able dict of a trajectory (metadata must be JSON-able too)."""
     return {
-        "token_ids": list(traj.token_ids),
+        "sequence_ids": list(traj.sequence_ids),
         "loss_mask": list(traj.loss_mask),
         "behavior_logprobs": list(traj.behavior_logprobs),
         "versions": list(traj.versions),
@@ -117,7 +117,8 @@ def trajectory_to_dict(traj: Trajectory) -> dict[str, Any]:
 def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
     """The inverse of :func:`trajectory_to_dict`."""
     return Trajectory(
-        token_ids=tuple(data["token_ids"]),
+        # "token_ids": checkpoints written before the field was named sequence_ids
+        sequence_ids=tuple(data["sequence_ids"] if "sequence_ids" in data else data["token_ids"]),
         loss_mask=tuple(data["loss_mask"]),
         behavior_logprobs=tuple(data["behavior_logprobs"]),
         versions=tuple(data["versions"]),

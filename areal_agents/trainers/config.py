@@ -7,7 +7,7 @@ config groups (presets built by each section's ``from_name``). Validation runs i
 
 >>> from areal_agents.config import load_config
 >>> cfg = load_config(TrainConfig, ["env=calculator", "trainer.mode=sync", "model=tiny"])
->>> cfg.env.name, cfg.trainer.staleness, cfg.model.name
+>>> cfg.env.name, cfg.trainer.effective_max_staleness, cfg.model.name
 ('calculator', 0, 'tiny')
 """
 
@@ -205,8 +205,8 @@ class TrainerConfig:
         return self.max_concurrent_groups or self.groups_per_step
 
     @property
-    def staleness(self) -> int:
-        """The staleness bound in force."""
+    def effective_max_staleness(self) -> int:
+        """The ``max_staleness`` in force (its default resolved for the mode)."""
         if self.max_staleness is not None:
             return self.max_staleness
         return 0 if self.mode == "sync" else 2

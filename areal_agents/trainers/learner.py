@@ -35,12 +35,12 @@ from areal_agents.trainers.logprobs import gather_logprobs, logprobs_and_entropy
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
 from areal_agents.types import Trajectory
 
-__all__ = ["Learner", "LearnerSpec", "token_logprobs"]
+__all__ = ["Learner", "LearnerSpec", "sequence_logprobs"]
 
 
-def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> Tensor:
-    """Log-probs ``[B, T-1]`` of tokens ``1..T-1`` under ``logits[:, :-1]``."""
-    return gather_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
+def sequence_logprobs(logits: Tensor, sequence_ids: Tensor, temperature: float) -> Tensor:
+    """Log-probs ``[B, T-1]`` of ``sequence_ids[:, 1:]`` under ``logits[:, :-1]``."""
+    return gather_logprobs(logits[:, :-1], sequence_ids[:, 1:], temperature)
 
 
 @dataclass(frozen=True)
@@ -151,10 +151,10 @@ class Learner:
         adv, returns = compute_advantages(
             algo,
             batch.rewards,
-            batch.mask,
+            batch.loss_mask,
             batch.group_ids,
             pre.get("values"),
-            old_logprobs=batch.behavior_logprobs,
+            behavior_logprobs=batch.behavior_logprobs,
             ref_logprobs=pre.get("ref"),
         )
         sums: dict[str, float] = defaultdict(float)
@@ -177,23 +177,23 @@ class Learner:
         self.step += 1
         metrics = self._reduce(sums, updates)
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
-        metrics["advantage/abs_mean"] = float(adv.abs().sum() / batch.mask.sum().clamp(min=1))
+        metrics["advantage/abs_mean"] = float(adv.abs().sum() / batch.loss_mask.sum().clamp(min=1))
         return metrics
 
     def _normalizer(self, batch: Batch, rows: list[int]) -> float:
         """The aggregation's denominator over the whole minibatch (all ranks)."""
         algo = self.spec.algo
-        mask = batch.mask[rows]
+        mask = batch.loss_mask[rows]
         if algo.aggregation == "token_mean":
             return float(mask.sum().clamp(min=1.0))
         if algo.aggregation == "seq_mean_token_mean":
             return float((mask.sum(1) > 0).sum().clamp(min=1))
-        length = algo.norm_tokens or batch.mask.shape[1]
+        length = algo.norm_tokens or batch.loss_mask.shape[1]
         return float(len(rows) * length)
 
     def _forward(self, model: Any, mb: Batch) -> Tensor:
-        ids = mb.input_ids.to(self.device)
-        return model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits
+        ids = mb.sequence_ids.to(self.device)
+        return model(sequence_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits
 
     @torch.no_grad()
     def _prepass(self, batch: Batch, mbs: list[list[int]], proximal: bool) -> dict[str, Tensor]:
@@ -204,24 +204,26 @@ class Learner:
         if not any(wanted.values()):
             return {}
         local: dict[str, list[tuple[list[int], Tensor]]] = defaultdict(list)
-        width = batch.input_ids.shape[1]
+        width = batch.sequence_ids.shape[1]
         for mb_rows in mbs:
             mb = batch.rows(mb_rows, width)
             if wanted["proximal"]:
-                lp = token_logprobs(
+                lp = sequence_logprobs(
                     self._forward(self.model, mb),
-                    mb.input_ids.to(self.device),
+                    mb.sequence_ids.to(self.device),
                     self.spec.temperature,
                 )
                 local["proximal"].append((mb_rows, lp.float().cpu()))
             if wanted["ref"]:
-                lp = token_logprobs(
-                    self._forward(self.ref, mb), mb.input_ids.to(self.device), self.spec.temperature
+                lp = sequence_logprobs(
+                    self._forward(self.ref, mb),
+                    mb.sequence_ids.to(self.device),
+                    self.spec.temperature,
                 )
                 local["ref"].append((mb_rows, lp.float().cpu()))
             if wanted["values"]:
                 assert self.critic is not None
-                v = self.critic(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))
+                v = self.critic(mb.sequence_ids.to(self.device), mb.attention_mask.to(self.device))
                 local["values"].append((mb_rows, v[:, :-1].float().cpu()))
         gathered: list[Any] = [None] * self.spec.world_size
         dist.all_gather_object(gathered, dict(local))
@@ -249,35 +251,35 @@ class Learner:
     ) -> None:
         spec, algo = self.spec, self.spec.algo
         mb = batch.rows(rows)
-        w = mb.mask.shape[1]
+        w = mb.loss_mask.shape[1]
         dev = self.device
 
         def take(t: Tensor) -> Tensor:
-            return (t[rows, :w] if rows else torch.zeros_like(mb.mask)).to(dev)
+            return (t[rows, :w] if rows else torch.zeros_like(mb.loss_mask)).to(dev)
 
         def maybe(t: Tensor | None) -> Tensor | None:
             return None if t is None else take(t)
 
-        mask = mb.mask.to(dev)
+        mask = mb.loss_mask.to(dev)
         logits = self._forward(self.model, mb)
         logprobs, entropy = logprobs_and_entropy(
             logits[:, :-1],
-            mb.input_ids[:, 1:].to(dev),
+            mb.sequence_ids[:, 1:].to(dev),
             spec.temperature,
             entropy_grad=algo.entropy_coef > 0,
         )
         del logits
-        behavior = mb.behavior_logprobs.to(dev)
-        proximal = maybe(pre.get("proximal"))
-        if proximal is None:
+        behavior_logprobs = mb.behavior_logprobs.to(dev)
+        proximal_logprobs = maybe(pre.get("proximal"))
+        if proximal_logprobs is None:
             # ppo_clip: textbook PPO, the ratio is taken against the sampling policy;
             # decoupled_ppo (one update) and reinforce: the current weights, detached.
-            proximal = behavior if algo.loss == "ppo_clip" else logprobs.detach()
+            proximal_logprobs = behavior_logprobs if algo.loss == "ppo_clip" else logprobs.detach()
         loss, metrics = compute_policy_loss(
             algo,
             logprobs,
-            proximal,
-            behavior,
+            proximal_logprobs,
+            behavior_logprobs,
             take(adv),
             mask,
             ref_logprobs=maybe(pre.get("ref")) if not algo.kl_in_reward else None,
@@ -286,7 +288,7 @@ class Learner:
         )
         (loss * spec.world_size).backward()
         if self.critic is not None and returns is not None:
-            values = self.critic(mb.input_ids.to(dev), mb.attention_mask.to(dev))[:, :-1]
+            values = self.critic(mb.sequence_ids.to(dev), mb.attention_mask.to(dev))[:, :-1]
             vloss, vmetrics = compute_value_loss(
                 algo,
                 values,

@@ -93,7 +93,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             .options(num_cpus=0)
             .remote(
                 cfg.trainer.groups_per_step,
-                cfg.trainer.staleness,
+                cfg.trainer.effective_max_staleness,
                 data_seed=cfg.trainer.seed,
                 dynamic_filter=cfg.trainer.dynamic_filter or cfg.algo.dynamic_sampling,
                 batch_order=cfg.trainer.batch_order,
@@ -278,7 +278,7 @@ def step_metrics(
         "episode/turns_mean": statistics.fmean(t.num_turns for t in trajs),
         "episode/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
         "tokens/policy": policy_tokens,
-        "tokens/total": sum(len(t.token_ids) for t in trajs),
+        "tokens/total": sum(len(t.sequence_ids) for t in trajs),
         "staleness/max": max(staleness, default=0),
         "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
         "throughput/tokens_per_s": policy_tokens / max(times["step_s"], 1e-9),

@@ -152,7 +152,7 @@ def test_kl_penalty_folded_into_token_rewards() -> None:
     ref = torch.tensor([[-1.5, -1.0, -0.5]], dtype=D)
     adv, _ = compute_advantages(
         c, torch.tensor([1.0], dtype=D), mask, ["a"], torch.zeros(1, 3, dtype=D),
-        old_logprobs=old, ref_logprobs=ref,
+        behavior_logprobs=old, ref_logprobs=ref,
     )  # fmt: skip
     # k1 = [0.5, 0, -0.5] -> rewards [-0.05, 0, 1 + 0.05]; reward-to-go with V = 0
     torch.testing.assert_close(adv, torch.tensor([[1.0, 1.05, 1.05]], dtype=D))

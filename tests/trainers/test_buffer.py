@@ -21,7 +21,7 @@ from areal_agents.types import Trajectory
 
 def traj(index: int, sample: int, reward: float = 1.0, version: int = 0) -> Trajectory:
     return Trajectory(
-        token_ids=(1, 2, 3),
+        sequence_ids=(1, 2, 3),
         loss_mask=(0, 1, 1),
         behavior_logprobs=(0.0, -0.1, -0.2),
         versions=(-1, version, version),

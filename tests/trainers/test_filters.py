@@ -19,7 +19,7 @@ from areal_agents.types import Trajectory
 def traj(reward: float, group: str, n_policy: int, truncated: bool = False) -> Trajectory:
     n = 2 + n_policy  # two prompt tokens, then the response
     return Trajectory(
-        token_ids=tuple(range(n)),
+        sequence_ids=tuple(range(n)),
         loss_mask=(0, 0) + (1,) * n_policy,
         behavior_logprobs=(0.0, 0.0) + (-0.5,) * n_policy,
         versions=(-1, -1) + (3,) * n_policy,

@@ -38,10 +38,10 @@ class AnswerPolicy:
         await asyncio.sleep(0)
         return Turn(
             text=f"\\boxed{{{value}}}",
-            token_ids=(7, 8, 9),
-            logprobs=(-0.5, -0.25, -0.125),
+            completion_ids=(7, 8, 9),
+            behavior_logprobs=(-0.5, -0.25, -0.125),
             versions=(3, 3, 4),
-            prompt_token_ids=(1, 2, 3, 4),
+            prompt_ids=(1, 2, 3, 4),
             finish_reason="stop",
         )
 
