@@ -24,7 +24,6 @@ Root(steps=3, opt=Opt(lr=0.5, betas=(0.8, 0.9)))
 
 import dataclasses
 import os
-import tempfile
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,7 @@ from typing import Any, TypeVar, Union
 import yaml
 
 from areal_agents.errors import ConfigError, did_you_mean
+from areal_agents.files import atomic_write
 
 __all__ = ["apply_overrides", "dump_yaml", "from_dict", "load_config", "to_dict"]
 
@@ -55,12 +55,8 @@ def to_dict(cfg: Any) -> Any:
 
 
 def dump_yaml(cfg: Any, path: str | os.PathLike[str]) -> None:
-    """Write ``cfg`` as YAML, atomically (write to a temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
-    os.replace(f.name, path)
+    """Write ``cfg`` as YAML, atomically (:func:`~areal_agents.files.atomic_write`)."""
+    atomic_write(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def _hints(cls: type) -> dict[str, Any]:

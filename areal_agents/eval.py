@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_agents.config import dump_yaml, load_config, to_dict
 from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
+from areal_agents.files import read_jsonl
 from areal_agents.policies.base import Policy
 
 if TYPE_CHECKING:
@@ -181,17 +182,8 @@ def summarize(
 
 
 def _read_finished(path: Path) -> dict[str, dict[str, Any]]:
-    finished: dict[str, dict[str, Any]] = {}
-    if not path.is_file():
-        return finished
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a crash: that episode is replayed
-            continue
-        if isinstance(record, dict) and "key" in record:
-            finished[str(record["key"])] = record
-    return finished
+    # a line cut by a crash is skipped: that episode is replayed
+    return {str(r["key"]): r for r in read_jsonl(path, torn_ok=True) if "key" in r}
 
 
 def _check_resumable(cfg: EvalConfig, out: Path) -> None:

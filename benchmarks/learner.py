@@ -183,7 +183,7 @@ def time_per_token(
     configs: Sequence[str] = ("plain", "fsdp1", "fsdp2"),
 ) -> dict[str, Any]:
     """Seconds per step of each configuration, each in fresh processes."""
-    from areal_agents.trainers.fsdp import free_port
+    from areal_agents.net import free_port
 
     cores = os.cpu_count() or 1
     trained = sum(t.num_policy_tokens for t in batch)

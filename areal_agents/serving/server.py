@@ -18,13 +18,14 @@ from typing import IO, TYPE_CHECKING, Any
 import httpx
 
 from areal_agents.errors import WeightSyncError
-from areal_agents.serving.process import ServerProcess, free_port, probe_health, send_request
+from areal_agents.net import free_port
+from areal_agents.serving.process import ServerProcess, probe_health, send_request
 from areal_agents.serving.weight_sync import state_dict_to_bytes
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BuiltinServer", "BuiltinServerClient", "free_port"]
+__all__ = ["BuiltinServer", "BuiltinServerClient"]
 
 
 class BuiltinServerClient:

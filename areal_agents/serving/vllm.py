@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
 from areal_agents.errors import DependencyError, WeightSyncError
+from areal_agents.net import free_port
 from areal_agents.policies.templates import TOOL_TEMPLATE_PATH
 from areal_agents.serving.model import DEFAULT_MODEL_NAME, resolve_model
-from areal_agents.serving.process import ServerProcess, free_port, send_request
+from areal_agents.serving.process import ServerProcess, send_request
 from areal_agents.serving.weight_sync import check_shapes, checkpoint_shapes
 
 if TYPE_CHECKING:

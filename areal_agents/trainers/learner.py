@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from areal_agents.net import free_port
 from areal_agents.trainers import fsdp
 from areal_agents.trainers.algorithms import (
     AlgoConfig,
@@ -92,7 +93,7 @@ class Learner:
         return "127.0.0.1" if ip in ("127.0.0.1", "localhost") else ip
 
     def free_port(self) -> int:
-        return fsdp.free_port(self.address())
+        return free_port(self.address())
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the process group, load and shard the models, build the optimizers."""

@@ -29,14 +29,9 @@ from tqdm import tqdm
 
 from areal_agents.envs.registry import make_env
 from areal_agents.errors import AgentsError
+from areal_agents.files import read_json, read_jsonl, write_json
 from areal_agents.trainers.buffer import Group, TrajectoryBuffer
-from areal_agents.trainers.checkpoint import (
-    CheckpointManager,
-    load_rng,
-    read_json,
-    save_rng,
-    write_json,
-)
+from areal_agents.trainers.checkpoint import CheckpointManager, load_rng, save_rng
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.inference import (
     WeightSync,
@@ -312,9 +307,7 @@ def write_transcript_viewer(run_dir: Path, summary: dict[str, Any]) -> None:
         from areal_agents.eval_viewer import write_viewer
     except ImportError:  # the viewer ships with the eval command
         return
-    from areal_agents.trainers.metrics import read_jsonl
-
-    records = read_jsonl(run_dir / "transcripts.jsonl")
+    records = read_jsonl(run_dir / "transcripts.jsonl", torn_ok=True)
     write_viewer(run_dir / "transcripts.html", records, {"pass_threshold": 1.0, **summary})
 
 

@@ -11,9 +11,6 @@ converted default model, so that the inference server can load it like any HF di
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from areal_agents.errors import ConfigError
+from areal_agents.files import atomic_directory
 
 __all__ = ["TINY_MODEL_NAME", "ValueModel", "load_policy", "resolve_model_dir", "tiny_model_path"]
 
@@ -52,19 +50,10 @@ def tiny_model_path(seed: int = 0) -> Path:
     config.tie_word_embeddings = True
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    work = Path(tempfile.mkdtemp(prefix=f".{TINY_MODEL_NAME}-", dir=target.parent))
-    try:
+    with atomic_directory(target, is_complete=lambda p: (p / _TINY_STAMP).is_file()) as work:
         model.save_pretrained(str(work), safe_serialization=True)
         AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(work))
         (work / _TINY_STAMP).write_text(json.dumps({"seed": seed, **_TINY_SHAPE}))
-        work.chmod(0o755)
-        try:
-            os.rename(work, target)
-        except OSError:
-            if not (target / _TINY_STAMP).is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return target
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from areal_agents.config import dump_yaml, to_dict
 from areal_agents.errors import ConfigError
-from areal_agents.trainers.checkpoint import CheckpointManager, read_json
+from areal_agents.files import read_json
+from areal_agents.trainers.checkpoint import CheckpointManager
 from areal_agents.trainers.config import EnvConfig, InferenceConfig, RayConfig, TrainConfig
 from areal_agents.trainers.rollout_worker import RayBuffer, RolloutWorker, WorkerStats
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from areal_agents.serving.process import free_port
+from areal_agents.net import free_port
 from areal_agents.serving.server import BuiltinServer
 from tests.serving.test_process import kill_and_reap, wait_gone
 
