@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from areal_agents.envs.registry import builtin_env
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.algorithms import AlgoConfig
 
@@ -59,14 +60,10 @@ class EnvConfig:
 
     @classmethod
     def from_name(cls, name: str) -> EnvConfig:
-        """``env=NAME``: a preset sized for a small CPU machine; the name is checked at start."""
-        presets: dict[str, dict[str, Any]] = {
-            "code_sandbox": {"max_turns": 2},
-            "math_python": {"max_turns": 2},
-            "search": {"max_turns": 3},
-            "calculator": {"max_turns": 2},
-        }
-        return cls(name=name, **presets.get(name, {}))
+        """``env=NAME``: a built-in environment's preset sized for a small CPU machine (its
+        ``train_max_turns``), or any other id as it is; the name is checked at start."""
+        builtin = builtin_env(name)
+        return cls(name=name, max_turns=builtin.train_max_turns if builtin else None)
 
     def make_kwargs(self) -> dict[str, Any]:
         """The keyword arguments for ``make_env``."""
