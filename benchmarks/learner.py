@@ -118,7 +118,7 @@ def _plain(model_dir: str, batch: list[Any], steps: int, micro_batch_tokens: int
             mb = data.rows(rows)
             w = mb.loss_mask.shape[1]
             ids = mb.sequence_ids.to(device)
-            logits = model(sequence_ids=ids, attention_mask=mb.attention_mask.to(device)).logits
+            logits = model(input_ids=ids, attention_mask=mb.attention_mask.to(device)).logits
             lp = sequence_logprobs(logits, ids, 1.0)
             lp = torch.nn.functional.pad(lp, (0, w - lp.shape[1]))
             mask = mb.loss_mask.to(device)

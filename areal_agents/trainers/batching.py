@@ -33,15 +33,15 @@ __all__ = ["Batch", "collate", "micro_batches", "plan", "split_minibatches", "sp
 
 @dataclass
 class Batch:
-    """A padded batch; ``loss_mask``, ``behavior_logprobs`` and ``versions`` are ``[B, T-1]``
-    (aligned to the predicted tokens)."""
+    """A padded batch; ``loss_mask`` and ``behavior_logprobs`` are ``[B, T-1]`` (aligned to the
+    predicted tokens)."""
 
     sequence_ids: Tensor  # [B, T] long
     attention_mask: Tensor  # [B, T] long
     loss_mask: Tensor  # [B, T-1] float, 1 on predicted policy tokens
     behavior_logprobs: Tensor  # [B, T-1]
-    versions: Tensor  # [B, T-1] long (-1 off the mask)
     rewards: Tensor  # [B]
+    truncated: Tensor  # [B] bool: the episode hit max_turns
     group_ids: list[str]
     lengths: list[int]
 
@@ -56,8 +56,8 @@ class Batch:
                 torch.ones_like(pad),
                 zero,
                 zero.clone(),
-                zero.long() - 1,
                 torch.zeros(1),
+                torch.zeros(1, dtype=torch.bool),
                 [""],
                 [2],
             )
@@ -69,8 +69,8 @@ class Batch:
             attention_mask=self.attention_mask[idx, :w],
             loss_mask=self.loss_mask[idx, : w - 1],
             behavior_logprobs=self.behavior_logprobs[idx, : w - 1],
-            versions=self.versions[idx, : w - 1],
             rewards=self.rewards[idx],
+            truncated=self.truncated[idx],
             group_ids=[self.group_ids[i] for i in index],
             lengths=[self.lengths[i] for i in index],
         )
@@ -86,21 +86,19 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     attn = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T)
     behavior = torch.zeros(B, T)
-    vers = torch.full((B, T), -1, dtype=torch.long)
     for i, t in enumerate(trajectories):
         n = len(t.sequence_ids)
         ids[i, :n] = torch.tensor(t.sequence_ids, dtype=torch.long)
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
         behavior[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
-        vers[i, :n] = torch.tensor(t.versions, dtype=torch.long)
     return Batch(
         sequence_ids=ids,
         attention_mask=attn,
         loss_mask=mask[:, 1:].contiguous(),
         behavior_logprobs=behavior[:, 1:].contiguous(),
-        versions=vers[:, 1:].contiguous(),
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
         group_ids=[t.group_id for t in trajectories],
         lengths=lengths,
     )

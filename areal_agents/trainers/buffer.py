@@ -139,7 +139,8 @@ class TrajectoryBuffer:
         groups_per_step: tasks (groups) in one training batch.
         max_staleness: how many versions behind the trained weights a token may be.
         data_seed: seed of the task stream.
-        dynamic_filter: drop groups whose rewards are all equal (no learning signal).
+        dynamic_sampling: drop groups whose rewards are all equal (no learning signal); their
+            slot goes to a new task (``algo.dynamic_sampling``).
         batch_order: ``"ready"`` (complete groups first, within every group's deadline) or
             ``"admission"`` (strict admission order: reproducible batches).
     """
@@ -150,7 +151,7 @@ class TrajectoryBuffer:
         max_staleness: int,
         *,
         data_seed: int = 0,
-        dynamic_filter: bool = False,
+        dynamic_sampling: bool = False,
         batch_order: BatchOrder = "ready",
     ) -> None:
         if groups_per_step < 1:
@@ -162,7 +163,7 @@ class TrajectoryBuffer:
         self.batch_order = batch_order
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
-        self.dynamic_filter = dynamic_filter
+        self.dynamic_sampling = dynamic_sampling
         self.stream = TaskStream(data_seed)
         self.version = 0
         self.trained_groups = 0
@@ -218,7 +219,7 @@ class TrajectoryBuffer:
             self.counters["dropped_groups"] += 1
             return "dropped"
         rewards = [t.reward for t in trajectories]
-        if self.dynamic_filter and len(set(rewards)) == 1:
+        if self.dynamic_sampling and len(set(rewards)) == 1:
             self.counters["filtered_groups"] += 1
             return "filtered"
         self._ready[index] = Group(

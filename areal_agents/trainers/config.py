@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from areal_agents.envs.registry import builtin_env
 from areal_agents.errors import ConfigError
+from areal_agents.trainers.advantages import get_advantage_estimator
 from areal_agents.trainers.algorithms import AlgoConfig
 
 __all__ = [
@@ -135,8 +136,6 @@ class TrainerConfig:
     max_concurrent_groups: int | None = None
     """Groups a rollout worker runs at the same time (each runs ``group_size`` episodes);
     None: ``groups_per_step`` (one batch generating while the learner trains the last)."""
-    dynamic_filter: bool = False
-    """Drop groups whose rewards are all equal (no learning signal) and sample more."""
     checkpoint_every: int = 1
     """Steps between checkpoints (0: only at the end)."""
     keep_checkpoints: int = 2
@@ -332,8 +331,14 @@ class TrainConfig:
     """Run directory (None: ``runs/<env>-<algo>``; re-running the same command resumes it)."""
 
     def __post_init__(self) -> None:
-        use_group = getattr(self.algo, "advantage", "") in ("grpo", "dr_grpo", "rloo")
-        if use_group and self.env.group_size < 2:
+        if self.algo.overlong_buffer > self.inference.max_tokens:
+            raise ConfigError(
+                f"algo.overlong_buffer={self.algo.overlong_buffer} exceeds inference.max_tokens="
+                f"{self.inference.max_tokens}: the penalty zone must fit in one turn; lower "
+                "algo.overlong_buffer or raise inference.max_tokens"
+            )
+        groupwise = get_advantage_estimator(self.algo.advantage).groupwise
+        if groupwise and self.env.group_size < 2:
             raise ConfigError(
                 f"algo={getattr(self.algo, 'name', self.algo.advantage)} compares samples of a "
                 f"group: set env.group_size to 2 or more (got {self.env.group_size})"

@@ -43,6 +43,7 @@ class LearnerGroup:
                     rank=rank,
                     world_size=world,
                     use_gpu=use_gpu,
+                    max_response_tokens=cfg.inference.max_tokens,
                 )
             )
             for rank in range(world)

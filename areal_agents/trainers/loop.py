@@ -90,7 +90,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 cfg.trainer.groups_per_step,
                 cfg.trainer.effective_max_staleness,
                 data_seed=cfg.trainer.seed,
-                dynamic_filter=cfg.trainer.dynamic_filter or cfg.algo.dynamic_sampling,
+                dynamic_sampling=cfg.algo.dynamic_sampling,
                 batch_order=cfg.trainer.batch_order,
             )
         )

@@ -12,12 +12,10 @@ from areal_agents.errors import ConfigError
 from areal_agents.trainers.advantages import (
     RunningBaseline,
     get_advantage_estimator,
-    masked_mean,
-    masked_var,
-    masked_whiten,
     spread_token_rewards,
 )
 from areal_agents.trainers.algorithms import AlgoConfig, compute_advantages
+from areal_agents.trainers.masked import masked_mean, masked_var, masked_whiten
 
 D = torch.float64
 
@@ -283,7 +281,7 @@ def test_advantages_exactly_zero_off_mask_and_blind_to_values_there() -> None:
     v2 = torch.where(mask.bool(), v, torch.full_like(v, 1e6))
     for name in ("ppo", "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp"):
         c = AlgoConfig.from_name(name)
-        vals = v if c.use_critic else None
+        vals = v if c.needs().critic else None
         adv, _ = compute_advantages(c, r, mask, "aabbcc", vals)
         assert adv[~mask.bool()].eq(0).all(), name
         if vals is not None:

@@ -21,7 +21,6 @@ def test_collate_shifts_to_predicted_positions() -> None:
     assert b.sequence_ids.shape == (2, 6) and b.loss_mask.shape == (2, 5)
     assert b.loss_mask[0].tolist() == [0.0, 1.0, 1.0, 0.0, 0.0]  # ids[2:4] are predicted at 1..2
     assert b.attention_mask[0].tolist() == [1, 1, 1, 1, 0, 0]
-    assert b.versions[0, 3].item() == -1
     sub = b.rows([0])
     assert sub.sequence_ids.shape == (1, 4) and torch.equal(sub.loss_mask, b.loss_mask[:1, :3])
 

@@ -83,7 +83,7 @@ def test_batches_follow_admission_order_whatever_the_completion_order() -> None:
 
 
 def test_dropped_and_filtered_groups_release_their_slot() -> None:
-    buf = TrajectoryBuffer(groups_per_step=2, max_staleness=0, dynamic_filter=True)
+    buf = TrajectoryBuffer(groups_per_step=2, max_staleness=0, dynamic_sampling=True)
     buf.admit(2)
     assert buf.complete(0, [], dropped_episodes=2) == "dropped"
     assert finish(buf, 1, rewards=(1.0, 1.0)) == "filtered"
