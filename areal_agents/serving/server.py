@@ -20,7 +20,7 @@ import httpx
 from areal_agents.errors import WeightSyncError
 from areal_agents.net import free_port
 from areal_agents.serving.process import ServerProcess, probe_health, send_request
-from areal_agents.serving.weight_sync import state_dict_to_bytes
+from areal_agents.serving.weights import state_dict_to_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +29,8 @@ __all__ = ["BuiltinServer", "BuiltinServerClient"]
 
 
 class BuiltinServerClient:
-    """The training routes of a running built-in server (a :class:`WeightSync`)."""
+    """The training routes of a running built-in server (see
+    :class:`~areal_agents.serving.base.InferenceServer`)."""
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from areal_agents.envs.registry import builtin_env
 from areal_agents.errors import ConfigError
+from areal_agents.serving.engines import get_engine
 from areal_agents.trainers.advantages import get_advantage_estimator
 from areal_agents.trainers.algorithms import AlgoConfig
 
@@ -212,8 +213,9 @@ class TrainerConfig:
 class InferenceConfig:
     """The inference servers that generate rollouts and receive new weights."""
 
-    engine: Literal["builtin", "vllm"] = "builtin"
-    """``builtin`` (transformers, starts in seconds) or ``vllm`` (stock vLLM server)."""
+    engine: str = "builtin"
+    """``builtin`` (transformers, starts in seconds) or ``vllm`` (stock vLLM server); any
+    engine in ``areal_agents.serving.engines``."""
     num_servers: int = 1
     """Inference servers; rollout workers spread their requests over them."""
     max_tokens: int = 64
@@ -241,15 +243,16 @@ class InferenceConfig:
     CPU threads are set by its own ``VLLM_CPU_OMP_THREADS_BIND`` instead."""
 
     def __post_init__(self) -> None:
+        engine = get_engine(self.engine)
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError(
                 f"inference.torch_threads={self.torch_threads}: must be at least 1 "
                 "(or null to keep the inherited setting)"
             )
-        if self.torch_threads is not None and self.engine == "vllm":
+        if self.torch_threads is not None and engine.torch_threads_note is not None:
             raise ConfigError(
-                "inference.torch_threads applies to the built-in server only; vLLM on CPU "
-                "takes its threads from VLLM_CPU_OMP_THREADS_BIND (drop inference.torch_threads)"
+                f"inference.torch_threads does not apply to inference.engine={self.engine}: "
+                f"{engine.torch_threads_note} (drop inference.torch_threads)"
             )
         if self.num_servers < 1:
             raise ConfigError(f"inference.num_servers={self.num_servers}: must be at least 1")
@@ -264,10 +267,8 @@ class InferenceConfig:
 
     @classmethod
     def from_name(cls, name: str) -> InferenceConfig:
-        """``inference=builtin|vllm``."""
-        if name not in ("builtin", "vllm"):
-            raise ConfigError(f"inference={name!r}: choose builtin or vllm")
-        return cls(engine=name)  # type: ignore[arg-type]
+        """``inference=builtin|vllm`` (any registered engine)."""
+        return cls(engine=get_engine(name).name)
 
 
 @dataclass

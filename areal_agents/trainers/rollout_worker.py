@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import gymnasium as gym
 from areal_agents.errors import InfrastructureError
 from areal_agents.policies.base import Policy
 from areal_agents.rollout import Episode, run_episode
+from areal_agents.sandboxes import shutdown_sandboxes
 from areal_agents.trainers.buffer import TrajectoryBuffer
 from areal_agents.trainers.config import EnvConfig
 from areal_agents.trainers.data import TaskRef
@@ -201,8 +201,8 @@ class RolloutWorker:
         self._stop.set()
 
     def close(self) -> None:
-        """Close every environment this worker made (releases their sandboxes), then the
-        docker backend's warm pool if it was used (the actor is killed, so no atexit runs)."""
+        """Close every environment this worker made (releases their sandboxes), then whatever
+        the sandbox backends still hold (the actor is killed, so no atexit runs)."""
         self._pool.clear()
         while self._envs:
             env = self._envs.pop()
@@ -210,12 +210,10 @@ class RolloutWorker:
                 env.close()
             except Exception:  # closing is best effort; the sandbox backend reaps leftovers
                 logger.warning("closing an environment failed", exc_info=True)
-        pool = sys.modules.get("areal_agents.sandboxes.docker_pool")
-        if pool is not None:
-            try:
-                pool.shutdown_all()
-            except Exception:
-                logger.warning("shutting down the sandbox pool failed", exc_info=True)
+        try:
+            shutdown_sandboxes()
+        except Exception:
+            logger.warning("shutting down the sandboxes failed", exc_info=True)
 
     async def _group(self, ref: TaskRef, version: int) -> None:
         start = time.perf_counter()
