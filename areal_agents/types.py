@@ -12,6 +12,7 @@ environment, a policy client and a learner can exchange them without importing o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "Trajectory",
+    "TrajectoryMetadata",
     "Turn",
 ]
 
@@ -113,7 +115,10 @@ class Turn:
     """One assistant turn as produced by a policy.
 
     ``tool_calls`` is ``None`` when the endpoint did not parse tool calls (the environment then
-    parses them from ``text``), and a tuple (possibly empty) when it did. The token fields are
+    parses them from ``text``), and a tuple (possibly empty) when it did. ``id`` names the turn
+    for the client that produced it (the assistant message keeps it, see
+    :meth:`Message.from_turn`), so that a token-level client finds its own sampled tokens
+    again without the conversation carrying them. The token fields are
     filled by token-level clients: ``prompt_ids`` is the whole context the turn was sampled
     from; ``completion_ids``, ``behavior_logprobs`` (the sampling policy's log-probs) and
     ``versions`` describe the sampled tokens (one policy version per token, since a weight update
@@ -122,6 +127,7 @@ class Turn:
 
     text: str
     tool_calls: tuple[ToolCall, ...] | None = None
+    id: str = ""
     completion_ids: tuple[int, ...] | None = None
     behavior_logprobs: tuple[float, ...] | None = None
     versions: tuple[int, ...] | None = None
@@ -147,9 +153,10 @@ class Turn:
 class Message:
     """A chat message in the OpenAI format.
 
-    ``turn`` is provenance, not content: for an assistant message that a policy produced, it
-    holds the policy's :class:`Turn` so that token-level clients can reuse the exact sampled
-    token ids instead of re-tokenising text. It is never sent over the wire.
+    ``turn_id`` is provenance, not content: for an assistant message that a policy produced, it
+    is the :attr:`Turn.id`, by which the client that sampled the turn finds its token ids again
+    (the ids stay in the client; the message carries only the name). It is never sent over the
+    wire and does not take part in equality.
     """
 
     role: Role
@@ -157,7 +164,7 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
-    turn: Turn | None = field(default=None, compare=False, repr=False)
+    turn_id: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.role not in _ROLES:
@@ -181,9 +188,9 @@ class Message:
 
     @classmethod
     def from_turn(cls, turn: Turn, tool_calls: Sequence[ToolCall] | None = None) -> Message:
-        """The assistant message for ``turn``, keeping the turn as provenance."""
+        """The assistant message for ``turn``, keeping the turn's id as provenance."""
         calls = tuple(tool_calls if tool_calls is not None else (turn.tool_calls or ()))
-        return cls("assistant", turn.text, tool_calls=calls, turn=turn)
+        return cls("assistant", turn.text, tool_calls=calls, turn_id=turn.id)
 
     def to_openai(self) -> dict[str, Any]:
         """The message as an OpenAI chat ``messages`` entry."""
@@ -212,6 +219,39 @@ class Message:
 
 
 @dataclass(frozen=True)
+class TrajectoryMetadata:
+    """Where a trajectory came from and how its episode went: for logs and transcripts (no
+    learner reads it). The rollout fills the episode's part, the rollout worker its own."""
+
+    traj_id: str = ""
+    """``<task index>-<sample>``: unique in a run."""
+    task_index: int = -1
+    """The task's position in the run's task stream."""
+    sample: int = 0
+    """Which sample of its group."""
+    attempt: int = 0
+    """Retries its episode needed after infrastructure faults."""
+    worker: int = 0
+    """The rollout worker that played it."""
+    duration_s: float = 0.0
+    """Wall time of the episode."""
+    tool_calls: int = 0
+    """Tool calls the environment ran."""
+    tool_errors: Mapping[str, int] = field(default_factory=dict)
+    """The model's tool-call mistakes by kind (see ``envs.ERROR_KINDS``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (checkpoints, transcripts)."""
+        return {**dataclasses.asdict(self), "tool_errors": dict(self.tool_errors)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrajectoryMetadata:
+        """The inverse of :meth:`to_dict` (unknown keys are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One episode as a single token sequence, ready for a learner.
 
@@ -230,7 +270,7 @@ class Trajectory:
     num_turns: int = 0
     terminated: bool = True
     truncated: bool = False
-    metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    metadata: TrajectoryMetadata = field(default_factory=TrajectoryMetadata, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.sequence_ids)
@@ -262,7 +302,7 @@ class Trajectory:
         task_id: str = "",
         terminated: bool = True,
         truncated: bool = False,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: TrajectoryMetadata | None = None,
     ) -> Trajectory:
         """Join token-level turns into one trajectory.
 
@@ -306,5 +346,5 @@ class Trajectory:
             num_turns=len(turns),
             terminated=terminated,
             truncated=truncated,
-            metadata=dict(metadata or {}),
+            metadata=metadata or TrajectoryMetadata(),
         )

@@ -30,10 +30,12 @@ def test_message_round_trip_keeps_tool_calls_and_ids() -> None:
 def test_message_rejects_unknown_role_and_keeps_turn_out_of_the_wire() -> None:
     with pytest.raises(ValueError, match="unknown role"):
         Message("robot", "hi")  # type: ignore[arg-type]
-    turn = Turn(text="hi", completion_ids=(1, 2), behavior_logprobs=(-0.1, -0.2), versions=(0, 0))
+    turn = Turn(
+        "hi", id="t1", completion_ids=(1, 2), behavior_logprobs=(-0.1, -0.2), versions=(0, 0)
+    )
     msg = Message.from_turn(turn)
-    assert msg.turn is turn
-    assert "turn" not in msg.to_openai()
+    assert msg.turn_id == "t1" and msg == Message.assistant("hi")  # provenance, not content
+    assert not any("turn" in key for key in msg.to_openai())
 
 
 def test_tool_call_arguments_parse_lazily() -> None:

@@ -9,8 +9,12 @@ turn the prompt is the previous turn's prompt + its sampled ids + the template's
 new tool/user messages (:func:`~areal_agents.policies.templates.continuation_ids`), so each
 turn's ``prompt_ids`` extends the last exactly and
 :meth:`~areal_agents.types.Trajectory.from_turns` can join them: training sees exactly the
-tokens the policy produced. Tool calls stay in the text in the model's own format; the
-environment parses them (and counts malformed ones as the model's mistakes).
+tokens the policy produced. The token prefix stays in the client: it keeps each turn it produced
+(weakly, for as long as the caller holds the :class:`~areal_agents.types.Turn`, as
+:func:`~areal_agents.rollout.run_episode` does) under :attr:`Turn.id`, and the conversation
+refers to it only by that id (``Message.turn_id``), never by its token ids. Tool calls stay in
+the text in the model's own format; the environment parses them (and counts malformed ones as
+the model's mistakes).
 
 If a weight update interrupts a generation (``finish_reason="abort"``), the client continues it
 from where it stopped, under the new weights, and tags those tokens with the new version.
@@ -18,6 +22,8 @@ from where it stopped, under the new weights, and tags those tokens with the new
 
 from __future__ import annotations
 
+import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,13 +39,23 @@ ABORT_FINISH_REASON = "abort"
 
 
 def prompt_ids_for(
-    tokenizer: ChatTokenizer, conversation: Sequence[Message], tools: Sequence[ToolSpec]
+    tokenizer: ChatTokenizer,
+    conversation: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    sampled: Mapping[str, Turn],
 ) -> list[int]:
-    """The prompt token ids for the next turn, reusing the ids of the last sampled turn."""
+    """The prompt token ids for the next turn, reusing the ids of the last sampled turn.
+
+    ``sampled`` maps :attr:`Turn.id` to the turns this client produced; the last assistant
+    message found in it (by ``Message.turn_id``) gives the prefix. Without one the whole
+    conversation is rendered.
+    """
     for index in range(len(conversation) - 1, -1, -1):
         message = conversation[index]
-        turn = message.turn
-        if message.role != "assistant" or turn is None:
+        if message.role != "assistant" or not message.turn_id:
+            continue
+        turn = sampled.get(message.turn_id)
+        if turn is None:
             continue
         if turn.prompt_ids is None or turn.completion_ids is None:
             continue
@@ -101,6 +117,8 @@ class TokenPolicy:
         self.version_source = version_source
         self.max_model_len = max_model_len
         self.max_continuations = max_continuations
+        #: Turn.id -> the turn, while its caller holds it (the token prefix of a conversation)
+        self.sampled: weakref.WeakValueDictionary[str, Turn] = weakref.WeakValueDictionary()
         self.endpoint = EndpointClient(
             ClientSettings(
                 base_url=base_url,
@@ -147,19 +165,22 @@ class TokenPolicy:
         return response, int(version)
 
     async def act(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> Turn:
-        prompt_ids = prompt_ids_for(self.tokenizer, conversation, tools)
+        prompt_ids = prompt_ids_for(self.tokenizer, conversation, tools, self.sampled)
         budget = self.max_tokens
         limit = await self._context_length()
         if limit is not None:
             budget = min(budget, limit - len(prompt_ids))
         if budget <= 0:  # the context is full: an empty turn that ends the episode
-            return Turn(
-                text="",
-                completion_ids=(),
-                behavior_logprobs=(),
-                versions=(),
-                prompt_ids=tuple(prompt_ids),
-                finish_reason="length",
+            return self._keep(
+                Turn(
+                    text="",
+                    id=uuid.uuid4().hex,
+                    completion_ids=(),
+                    behavior_logprobs=(),
+                    versions=(),
+                    prompt_ids=tuple(prompt_ids),
+                    finish_reason="length",
+                )
             )
         completion_ids: list[int] = []
         behavior_logprobs: list[float] = []
@@ -198,16 +219,23 @@ class TokenPolicy:
                 usage_prompt = int(response.usage.prompt_tokens)
         if finish == ABORT_FINISH_REASON:  # the budget ran out exactly at the interruption
             finish = "length"
-        return Turn(
-            text=self.tokenizer.decode(completion_ids, skip_special_tokens=True),
-            tool_calls=None,
-            completion_ids=tuple(completion_ids),
-            behavior_logprobs=tuple(behavior_logprobs),
-            versions=tuple(versions),
-            prompt_ids=tuple(prompt_ids),
-            finish_reason=finish,
-            usage={
-                "prompt_tokens": usage_prompt or len(prompt_ids),
-                "completion_tokens": len(completion_ids),
-            },
+        return self._keep(
+            Turn(
+                text=self.tokenizer.decode(completion_ids, skip_special_tokens=True),
+                tool_calls=None,
+                id=uuid.uuid4().hex,
+                completion_ids=tuple(completion_ids),
+                behavior_logprobs=tuple(behavior_logprobs),
+                versions=tuple(versions),
+                prompt_ids=tuple(prompt_ids),
+                finish_reason=finish,
+                usage={
+                    "prompt_tokens": usage_prompt or len(prompt_ids),
+                    "completion_tokens": len(completion_ids),
+                },
+            )
         )
+
+    def _keep(self, turn: Turn) -> Turn:
+        self.sampled[turn.id] = turn
+        return turn

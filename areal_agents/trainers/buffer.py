@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.data import TaskRef, TaskStream
-from areal_agents.types import Trajectory
+from areal_agents.types import Trajectory, TrajectoryMetadata
 
 __all__ = [
     "BatchOrder",
@@ -98,7 +98,7 @@ class Group:
 
 
 def trajectory_to_dict(traj: Trajectory) -> dict[str, Any]:
-    """A JSON-able dict of a trajectory (metadata must be JSON-able too)."""
+    """A JSON-able dict of a trajectory."""
     return {
         "sequence_ids": list(traj.sequence_ids),
         "loss_mask": list(traj.loss_mask),
@@ -110,7 +110,7 @@ def trajectory_to_dict(traj: Trajectory) -> dict[str, Any]:
         "num_turns": traj.num_turns,
         "terminated": traj.terminated,
         "truncated": traj.truncated,
-        "metadata": dict(traj.metadata),
+        "metadata": traj.metadata.to_dict(),
     }
 
 
@@ -128,7 +128,7 @@ def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
         num_turns=int(data.get("num_turns", 0)),
         terminated=bool(data.get("terminated", True)),
         truncated=bool(data.get("truncated", False)),
-        metadata=dict(data.get("metadata", {})),
+        metadata=TrajectoryMetadata.from_dict(data.get("metadata", {})),
     )
 
 

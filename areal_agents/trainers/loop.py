@@ -87,8 +87,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             remote_class(TrajectoryBuffer)
             .options(num_cpus=0)
             .remote(
-                cfg.trainer.groups_per_step,
-                cfg.trainer.effective_max_staleness,
+                groups_per_step=cfg.trainer.groups_per_step,
+                max_staleness=cfg.trainer.effective_max_staleness,
                 data_seed=cfg.trainer.seed,
                 dynamic_sampling=cfg.algo.dynamic_sampling,
                 batch_order=cfg.trainer.batch_order,
@@ -103,11 +103,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         step, elapsed_before = 0, 0.0
         if resume_from is not None:
             step = learners.load_checkpoint(resume_from / "learner")
-            ray.get(buffer.load_state_dict.remote(read_json(resume_from / "buffer.json")))
+            ray.get(buffer.load_state_dict.remote(state=read_json(resume_from / "buffer.json")))
             load_rng(resume_from / "rng.pkl")
             elapsed_before = float(read_json(resume_from / "trainer.json")["elapsed_s"])
             sync.push(learners, step)  # the servers start from the base weights
-            ray.get(buffer.set_version.remote(step))
+            ray.get(buffer.set_version.remote(version=step))
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
 
         # ---- rollout workers generate in the background from here on ---------------------
@@ -139,7 +139,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             t2 = time.perf_counter()
             step += 1
             sync_s = sync.push(learners, step)
-            ray.get(buffer.set_version.remote(step))
+            ray.get(buffer.set_version.remote(version=step))
 
             stats = ray.get(buffer.stats.remote())
             times = {
@@ -207,14 +207,14 @@ def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer:
     )
     return [
         actor.remote(
-            cfg.env,
-            cfg.inference,
-            urls,
-            str(model_dir),
-            "policy",
-            buffer,
-            i,
-            cfg.trainer.concurrent_groups,
+            env=cfg.env,
+            inference=cfg.inference,
+            base_urls=urls,
+            model_dir=str(model_dir),
+            served_name="policy",
+            buffer=buffer,
+            worker_id=i,
+            max_concurrent_groups=cfg.trainer.concurrent_groups,
         )
         for i in range(cfg.trainer.rollout_workers)
     ]
@@ -281,7 +281,7 @@ def step_metrics(
         **learn,
         **buffer_stats,
         "batch/task_indices": [g.task.index for g in groups],
-        "batch/traj_ids": [str(t.metadata.get("traj_id", "")) for t in trajs],
+        "batch/traj_ids": [t.metadata.traj_id for t in trajs],
     }
 
 

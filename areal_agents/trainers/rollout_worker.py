@@ -30,7 +30,7 @@ from areal_agents.sandboxes import shutdown_sandboxes
 from areal_agents.trainers.buffer import TrajectoryBuffer
 from areal_agents.trainers.config import EnvConfig
 from areal_agents.trainers.data import TaskRef
-from areal_agents.types import Trajectory
+from areal_agents.types import Trajectory, TrajectoryMetadata
 
 __all__ = ["BufferClient", "LocalBuffer", "RayBuffer", "RolloutWorker", "WorkerStats"]
 
@@ -90,7 +90,7 @@ class RayBuffer:
         self.handle = handle
 
     async def admit(self, max_tasks: int) -> list[tuple[TaskRef, int]]:
-        return list(await self.handle.admit.remote(max_tasks))
+        return list(await self.handle.admit.remote(max_tasks=max_tasks))
 
     async def complete(
         self,
@@ -102,8 +102,8 @@ class RayBuffer:
     ) -> str:
         return str(
             await self.handle.complete.remote(
-                index,
-                trajectories,
+                index=index,
+                trajectories=trajectories,
                 dropped_episodes=dropped_episodes,
                 transcripts=transcripts,
                 stats=stats,
@@ -223,7 +223,7 @@ class RolloutWorker:
         trajectories = [t for t, _ in results if t is not None]
         dropped = sum(1 for t, _ in results if t is None)
         transcripts = [
-            e.to_json() | {"traj_id": t.metadata["traj_id"]}
+            e.to_json() | {"traj_id": t.metadata.traj_id}
             for t, e in results[:1]
             if t is not None and e is not None
         ]
@@ -256,14 +256,13 @@ class RolloutWorker:
             self.stats.episodes += 1
             trajectory = episode.to_trajectory(
                 group_id=f"task{ref.index}",
-                metadata={
-                    "traj_id": f"{ref.index}-{sample}",
-                    "task_index": ref.index,
-                    "sample": sample,
-                    "attempt": attempt,
-                    "worker": self.worker_id,
-                    "duration_s": round(episode.duration_s, 4),
-                },
+                metadata=TrajectoryMetadata(
+                    traj_id=f"{ref.index}-{sample}",
+                    task_index=ref.index,
+                    sample=sample,
+                    attempt=attempt,
+                    worker=self.worker_id,
+                ),
             )
             self.stats.policy_tokens += trajectory.num_policy_tokens
             return trajectory, episode
