@@ -293,7 +293,7 @@ class Learner:
             mb.behavior_logprobs.to(dev),
             take(adv),
             mask,
-            ref_logprobs=None if algo.kl_in_reward else maybe(pre.ref_logprobs),
+            ref_logprobs=maybe(pre.ref_logprobs),  # in the loss unless algo.kl_in_reward
             entropy=entropy,
             normalizer=norm,
         )

@@ -83,17 +83,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             on_cluster=bool(cfg.ray.address),
             log_dir=run_dir / "logs",
         )
-        buffer = (
-            remote_class(TrajectoryBuffer)
-            .options(num_cpus=0)
-            .remote(
-                groups_per_step=cfg.trainer.groups_per_step,
-                max_staleness=cfg.trainer.effective_max_staleness,
-                data_seed=cfg.trainer.seed,
-                dynamic_sampling=cfg.algo.dynamic_sampling,
-                batch_order=cfg.trainer.batch_order,
-            )
-        )
+        buffer = remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
         learners = LearnerGroup(cfg, model_dir)
         threads = {
             "learner": learners.info["torch_threads"],
@@ -160,8 +150,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 stale=int(metrics["staleness/max"]),
             )
 
-            every = cfg.trainer.checkpoint_every
-            if (every and step % every == 0) or step == cfg.trainer.total_steps:
+            if checkpoint_due(step, cfg):
                 save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
                 last_ckpt = step
         if step != last_ckpt:  # stopped early: the last step is saved as at a normal end
@@ -198,6 +187,24 @@ def check_env(cfg: TrainConfig) -> None:
     """Build the environment once so that a bad name or argument fails before anything starts."""
     env = make_env(cfg.env.name, **cfg.env.make_kwargs())
     env.close()
+
+
+def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The :class:`TrajectoryBuffer` the run's config asks for, as keyword arguments."""
+    return {
+        "groups_per_step": cfg.trainer.groups_per_step,
+        "max_staleness": cfg.trainer.effective_max_staleness,
+        "data_seed": cfg.trainer.seed,
+        "dynamic_sampling": cfg.algo.dynamic_sampling,
+        "batch_order": cfg.trainer.batch_order,
+    }
+
+
+def checkpoint_due(step: int, cfg: TrainConfig) -> bool:
+    """Whether step ``step`` is checkpointed: every ``trainer.checkpoint_every`` steps (0:
+    never on the way) and always the last one."""
+    every = cfg.trainer.checkpoint_every
+    return bool(every and step % every == 0) or step == cfg.trainer.total_steps
 
 
 def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer: Any) -> list[Any]:
