@@ -312,9 +312,9 @@ class Trajectory:
         """
         if not turns:
             raise ValueError("a trajectory needs at least one turn")
-        ids: list[int] = []
+        sequence_ids: list[int] = []
         mask: list[int] = []
-        logprobs: list[float] = []
+        behavior_logprobs: list[float] = []
         versions: list[int] = []
         for i, turn in enumerate(turns):
             if (
@@ -324,21 +324,21 @@ class Trajectory:
             ):
                 raise ValueError(f"turn {i} has no token ids/logprobs: use a token-level policy")
             prompt = turn.prompt_ids
-            if tuple(ids) != prompt[: len(ids)]:
+            if tuple(sequence_ids) != prompt[: len(sequence_ids)]:
                 raise ValueError(f"turn {i}: prompt does not extend the previous turns' tokens")
-            extra = len(prompt) - len(ids)
-            ids.extend(prompt[len(ids) :])
+            extra = len(prompt) - len(sequence_ids)
+            sequence_ids.extend(prompt[len(sequence_ids) :])
             mask.extend([0] * extra)
-            logprobs.extend([0.0] * extra)
+            behavior_logprobs.extend([0.0] * extra)
             versions.extend([-1] * extra)
-            ids.extend(turn.completion_ids)
+            sequence_ids.extend(turn.completion_ids)
             mask.extend([1] * len(turn.completion_ids))
-            logprobs.extend(turn.behavior_logprobs)
+            behavior_logprobs.extend(turn.behavior_logprobs)
             versions.extend(turn.versions or [0] * len(turn.completion_ids))
         return cls(
-            sequence_ids=tuple(ids),
+            sequence_ids=tuple(sequence_ids),
             loss_mask=tuple(mask),
-            behavior_logprobs=tuple(logprobs),
+            behavior_logprobs=tuple(behavior_logprobs),
             versions=tuple(versions),
             reward=float(reward),
             group_id=group_id,

@@ -97,8 +97,7 @@ def _plain(model_dir: str, batch: list[Any], steps: int, micro_batch_tokens: int
         compute_advantages,
         compute_policy_loss,
     )
-    from areal_agents.trainers.batching import collate, plan
-    from areal_agents.trainers.learner import sequence_logprobs
+    from areal_agents.trainers.batching import collate, plan, sequence_logprobs
     from areal_agents.trainers.modeling import load_policy
 
     device = torch.device("cuda" if _gpu() else "cpu")

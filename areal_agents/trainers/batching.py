@@ -1,11 +1,19 @@
-"""From trajectories to padded tensors, split over learner ranks and token-budget micro-batches.
+"""From trajectories to padded tensors and their log-probabilities, split over learner ranks and
+token-budget micro-batches.
+
+Positions: ``sequence_ids`` is ``[B, T]``; everything the loss sees is aligned to the *predicted*
+tokens, ``[B, T - 1]`` (logits at ``t`` predict token ``t + 1``): the batch's ``loss_mask`` and
+``behavior_logprobs`` (:func:`collate`), and the current policy's log-probs
+(:func:`sequence_logprobs`), which line up with them token for token.
+
+Log-probabilities and entropies come from TRL's memory-efficient kernels
+(``trl.trainer.utils``: ``selective_log_softmax``, ``entropy_from_logits``,
+``selective_log_softmax_and_entropy``), which gather row by row instead of materialising a full
+``log_softmax`` over the vocabulary. TRL is imported on first use (it takes a few seconds).
 
 Every learner rank receives the whole batch and computes the same split, so that all ranks run
 the same number of micro-batches (FSDP's collectives need that): a rank with less work gets
 empty micro-batches (one padding row with an all-zero mask) that contribute exactly nothing.
-
-Positions: ``sequence_ids`` is ``[B, T]``; everything the loss sees is aligned to the *predicted*
-tokens, ``[B, T - 1]`` (logits at ``t`` predict token ``t + 1``).
 
 >>> from areal_agents.types import Trajectory
 >>> t = Trajectory((1, 2, 3), (0, 1, 1), (0.0, -0.5, -0.7), (-1, 0, 0), 1.0, "g")
@@ -20,15 +28,29 @@ tokens, ``[B, T - 1]`` (logits at ``t`` predict token ``t + 1``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import Tensor
 
+from areal_agents.errors import DependencyError
 from areal_agents.types import Trajectory
 
-__all__ = ["Batch", "collate", "micro_batches", "plan", "split_minibatches", "split_ranks"]
+__all__ = [
+    "Batch",
+    "collate",
+    "entropy_from_logits",
+    "gather_logprobs",
+    "logprobs_and_entropy",
+    "micro_batches",
+    "plan",
+    "sequence_logprobs",
+    "split_minibatches",
+    "split_ranks",
+]
 
 
 @dataclass
@@ -82,21 +104,21 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
         raise ValueError("cannot collate an empty batch")
     lengths = [max(len(t.sequence_ids), 2) for t in trajectories]
     B, T = len(trajectories), max(lengths)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    sequence_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T)
-    behavior = torch.zeros(B, T)
+    behavior_logprobs = torch.zeros(B, T)
     for i, t in enumerate(trajectories):
         n = len(t.sequence_ids)
-        ids[i, :n] = torch.tensor(t.sequence_ids, dtype=torch.long)
+        sequence_ids[i, :n] = torch.tensor(t.sequence_ids, dtype=torch.long)
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        behavior[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
+        behavior_logprobs[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
     return Batch(
-        sequence_ids=ids,
+        sequence_ids=sequence_ids,
         attention_mask=attn,
         loss_mask=mask[:, 1:].contiguous(),
-        behavior_logprobs=behavior[:, 1:].contiguous(),
+        behavior_logprobs=behavior_logprobs[:, 1:].contiguous(),
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
         group_ids=[t.group_id for t in trajectories],
@@ -158,3 +180,60 @@ def plan(
     mbs = [micro_batches(part, lengths, budget) for part in mine]
     count = max(1, *(len(m) for m in mbs))
     return mbs[rank] + [[] for _ in range(count - len(mbs[rank]))]
+
+
+# ---- log-probabilities of the tokens ----------------------------------------------------------
+
+
+@functools.cache
+def _trl_utils() -> ModuleType:
+    try:
+        import trl.trainer.utils as utils
+    except ImportError as e:  # pragma: no cover - trl is part of the train extra
+        raise DependencyError.missing("trl", "train") from e
+    return utils
+
+
+def _check_temperature(temperature: float) -> None:
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 (the sampling temperature)")
+
+
+def gather_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log_softmax(logits / temperature)`` at ``tokens``: ``[..., V]`` x ``[...]`` -> ``[...]``.
+
+    Divide by the temperature the tokens were *sampled* with, so that the learner's log-probs
+    match the inference server's.
+    """
+    _check_temperature(temperature)
+    return _trl_utils().selective_log_softmax(logits, tokens, temperature=temperature)
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: int = 128) -> Tensor:
+    """Entropy (nats) of ``softmax(logits / temperature)``: ``[..., V]`` -> ``[...]``."""
+    _check_temperature(temperature)
+    if temperature != 1.0:
+        logits = logits / temperature
+    return _trl_utils().entropy_from_logits(logits, chunk_size=chunk_size)
+
+
+def logprobs_and_entropy(
+    logits: Tensor, tokens: Tensor, temperature: float = 1.0, entropy_grad: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Both of the above in one pass over the logits; ``entropy_grad=False`` detaches it."""
+    _check_temperature(temperature)
+    return _trl_utils().selective_log_softmax_and_entropy(
+        logits, tokens, entropy_requires_grad=entropy_grad, temperature=temperature
+    )
+
+
+def sequence_logprobs(logits: Tensor, sequence_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """Causal-LM logits ``[B, T, V]`` and ids ``[B, T]`` -> ``[B, T - 1]``: position ``t`` holds
+    ``log p(sequence_ids[:, t + 1] | sequence_ids[:, :t + 1])``, aligned with the batch's
+    ``loss_mask`` and ``behavior_logprobs``."""
+    if logits.dim() != 3 or sequence_ids.shape != logits.shape[:2]:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} and sequence_ids {tuple(sequence_ids.shape)}: "
+            "expected [B, T, V] and [B, T]"
+        )
+    return gather_logprobs(logits[:, :-1], sequence_ids[:, 1:], temperature)

@@ -30,22 +30,23 @@ from areal_agents.net import free_port
 from areal_agents.trainers import fsdp
 from areal_agents.trainers.advantages import RunningBaseline, compute_advantages
 from areal_agents.trainers.algorithms import AlgoConfig, Needs
-from areal_agents.trainers.batching import Batch, collate, plan, split_minibatches
+from areal_agents.trainers.batching import (
+    Batch,
+    collate,
+    logprobs_and_entropy,
+    plan,
+    sequence_logprobs,
+    split_minibatches,
+)
 from areal_agents.trainers.checkpoint import capture_rng, restore_rng
 from areal_agents.trainers.config import ModelConfig, TrainerConfig
 from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.filters import shape_batch
-from areal_agents.trainers.logprobs import gather_logprobs, logprobs_and_entropy
 from areal_agents.trainers.losses import aggregation_normalizer, compute_policy_loss
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
 from areal_agents.types import Trajectory
 
-__all__ = ["Learner", "LearnerSpec", "Prepass", "sequence_logprobs"]
-
-
-def sequence_logprobs(logits: Tensor, sequence_ids: Tensor, temperature: float) -> Tensor:
-    """Log-probs ``[B, T-1]`` of ``sequence_ids[:, 1:]`` under ``logits[:, :-1]``."""
-    return gather_logprobs(logits[:, :-1], sequence_ids[:, 1:], temperature)
+__all__ = ["Learner", "LearnerSpec", "Prepass"]
 
 
 @dataclass(frozen=True)
@@ -230,16 +231,20 @@ class Learner:
         width = batch.sequence_ids.shape[1]
         for mb_rows in mbs:
             mb = batch.rows(mb_rows, width)
-            ids = mb.sequence_ids.to(self.device)
+            sequence_ids = mb.sequence_ids.to(self.device)
             if wanted["proximal_logprobs"]:
-                lp = sequence_logprobs(self._forward(self.model, mb), ids, self.spec.temperature)
-                local["proximal_logprobs"].append((mb_rows, lp.float().cpu()))
+                logprobs = sequence_logprobs(
+                    self._forward(self.model, mb), sequence_ids, self.spec.temperature
+                )
+                local["proximal_logprobs"].append((mb_rows, logprobs.float().cpu()))
             if wanted["ref_logprobs"]:
-                lp = sequence_logprobs(self._forward(self.ref, mb), ids, self.spec.temperature)
-                local["ref_logprobs"].append((mb_rows, lp.float().cpu()))
+                logprobs = sequence_logprobs(
+                    self._forward(self.ref, mb), sequence_ids, self.spec.temperature
+                )
+                local["ref_logprobs"].append((mb_rows, logprobs.float().cpu()))
             if wanted["old_values"]:
                 assert self.critic is not None
-                v = self.critic(ids, mb.attention_mask.to(self.device))
+                v = self.critic(sequence_ids, mb.attention_mask.to(self.device))
                 local["old_values"].append((mb_rows, v[:, :-1].float().cpu()))
         gathered: list[Any] = [None] * self.spec.world_size
         dist.all_gather_object(gathered, dict(local))

@@ -24,9 +24,10 @@ import torch
 
 from areal_agents.net import free_port
 from areal_agents.trainers.algorithms import PRESETS, AlgoConfig
+from areal_agents.trainers.batching import sequence_logprobs
 from areal_agents.trainers.buffer import TrajectoryBuffer
 from areal_agents.trainers.config import ModelConfig, TrainConfig, TrainerConfig
-from areal_agents.trainers.learner import Learner, LearnerSpec, sequence_logprobs
+from areal_agents.trainers.learner import Learner, LearnerSpec
 from areal_agents.trainers.modeling import load_policy, tiny_model_path
 from areal_agents.types import Trajectory
 
