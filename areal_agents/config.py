@@ -38,10 +38,12 @@ from typing import Any, TypeVar, Union
 import yaml
 
 from areal_agents.errors import ConfigError, did_you_mean
+from areal_agents.files import atomic_write
 
 __all__ = [
     "apply_overrides",
     "check_numbers",
+    "check_timeout",
     "dump_yaml",
     "from_dict",
     "load_config",
@@ -67,12 +69,8 @@ def to_dict(cfg: Any) -> Any:
 
 
 def dump_yaml(cfg: Any, path: str | os.PathLike[str]) -> None:
-    """Write ``cfg`` as YAML, atomically (write to a temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
-    os.replace(f.name, path)
+    """Write ``cfg`` as YAML, atomically (:func:`~areal_agents.files.atomic_write`)."""
+    atomic_write(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def check_numbers(
@@ -345,3 +343,22 @@ def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def check_timeout(key: str, value: Any) -> float:
+    """``value`` as a positive, finite number of seconds, or a ConfigError naming ``key``.
+
+    >>> check_timeout("timeout_s", 2)
+    2.0
+    >>> check_timeout("timeout_s", "10")
+    Traceback (most recent call last):
+    ...
+    areal_agents.errors.ConfigError: timeout_s='10': must be a positive number of seconds (got str)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(
+            f"{key}={value!r}: must be a positive number of seconds (got {type(value).__name__})"
+        )
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{key}={value!r}: must be a positive number of seconds")
+    return float(value)

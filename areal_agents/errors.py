@@ -23,6 +23,7 @@ __all__ = [
     "ImageNotFoundError",
     "InfrastructureError",
     "MalformedResponseError",
+    "RewardTimeout",
     "SandboxError",
     "SandboxUnavailableError",
     "ToolError",
@@ -106,3 +107,7 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class RewardTimeout(TimeoutError):
+    """A reward computation did not finish within its time limit."""

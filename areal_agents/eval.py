@@ -34,18 +34,19 @@ import threading
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from areal_agents.config import check_numbers, dump_yaml, load_config, to_dict, writable_dir
+from areal_agents.config import dump_yaml, load_config, to_dict, writable_dir
 from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
+from areal_agents.eval_config import EvalConfig, EvalPolicyConfig
 from areal_agents.eval_summary import exit_status, failure_line, pass_at_k, summarize
+from areal_agents.files import read_jsonl
 from areal_agents.policies.base import Policy
 
 if TYPE_CHECKING:
-    from areal_agents.policies.server import BuiltinServer
+    from areal_agents.serving.server import BuiltinServer
 
 __all__ = [
     "EvalConfig",
@@ -61,82 +62,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class EvalPolicyConfig:
-    """The endpoint under evaluation (chat completions)."""
-
-    base_url: str = ""
-    """``http://host:port/v1``; empty starts the built-in server on ``model``."""
-    model: str = "SmolLM2-135M-Instruct"
-    """The served model name (or, for the built-in server, a model directory)."""
-    api_key: str = ""
-    """Empty reads ``AREAL_API_KEY`` / ``OPENAI_API_KEY`` from the environment."""
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 512
-    tool_choice: str = "auto"
-    timeout_s: float = 120.0
-    """Seconds per request in all (connect, headers and the whole body)."""
-    max_retries: int = 4
-    """Retries per request on timeouts, malformed replies, 429 and 5xx (with backoff)."""
-    backoff_s: float = 0.5
-    """First retry delay (doubling, with jitter, capped at 30 s)."""
-    max_response_mb: float = 32.0
-    """Largest reply body read; a larger one counts as a malformed reply."""
-
-    def __post_init__(self) -> None:
-        check_numbers(self, "policy", zero_ok={"backoff_s"})
-        if self.base_url and not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"policy.base_url={self.base_url!r}: expected http(s)://host:port/v1")
-        if self.max_tokens < 1:
-            raise ConfigError(f"policy.max_tokens={self.max_tokens}: must be at least 1")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"policy.top_p={self.top_p}: must be in (0, 1]")
-        if self.max_response_mb <= 0:
-            raise ConfigError(f"policy.max_response_mb={self.max_response_mb}: must be positive")
-
-
-@dataclass
-class EvalConfig:
-    """Evaluation of one policy on one environment."""
-
-    env: str = "calculator"
-    """A short name (``calculator``) or a Gymnasium id."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for ``gym.make`` (``env_kwargs={max_turns: 4}``)."""
-    policy: EvalPolicyConfig = field(default_factory=EvalPolicyConfig)
-    num_episodes: int = 16
-    """Episodes in all: ``num_episodes / samples_per_task`` tasks."""
-    samples_per_task: int = 1
-    """Episodes per task (pass@k needs k <= samples_per_task)."""
-    seed: int = 0
-    """Task ``i`` is drawn by ``env.reset(seed=seed + i)``."""
-    concurrency: int = 8
-    """Episodes played at once."""
-    pass_threshold: float = 1.0
-    """An episode passes when its reward is at least this."""
-    output_dir: str = "outputs/eval"
-    resume: bool = False
-    """Keep finished episodes from ``output_dir`` and play only the missing ones."""
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        check_numbers(self, signed={"pass_threshold"})
-        if self.samples_per_task < 1:
-            raise ConfigError(f"samples_per_task={self.samples_per_task}: must be at least 1")
-        if self.num_episodes < 1 or self.num_episodes % self.samples_per_task:
-            raise ConfigError(
-                f"num_episodes={self.num_episodes} must be a positive multiple of "
-                f"samples_per_task={self.samples_per_task}"
-            )
-        if self.concurrency < 1:
-            raise ConfigError(f"concurrency={self.concurrency}: must be at least 1")
-
-    @property
-    def num_tasks(self) -> int:
-        return self.num_episodes // self.samples_per_task
-
-
 def _json_line(record: Mapping[str, Any]) -> str:
     """One JSONL line; text that is not valid Unicode (lone surrogates) is written escaped."""
     try:
@@ -148,17 +73,8 @@ def _json_line(record: Mapping[str, Any]) -> str:
 
 
 def _read_finished(path: Path) -> dict[str, dict[str, Any]]:
-    finished: dict[str, dict[str, Any]] = {}
-    if not path.is_file():
-        return finished
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a crash: that episode is replayed
-            continue
-        if isinstance(record, dict) and "key" in record:
-            finished[str(record["key"])] = record
-    return finished
+    # a line cut by a crash is skipped: that episode is replayed
+    return {str(r["key"]): r for r in read_jsonl(path, torn_ok=True) if "key" in r}
 
 
 def _check_resumable(cfg: EvalConfig, out: Path) -> None:
@@ -282,8 +198,8 @@ async def run_eval(cfg: EvalConfig, policy: Policy, *, env_id: str | None = None
                 not c.name for t in episode.turns for c in (t.tool_calls or ())
             ),
             "completion_tokens": sum(
-                len(t.token_ids)
-                if t.token_ids is not None
+                len(t.completion_ids)
+                if t.completion_ids is not None
                 else (t.usage or {}).get("completion_tokens", 0)
                 for t in episode.turns
             ),
@@ -382,7 +298,7 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
     with _sigterm_exits(stop_now):
         try:
             if not base_url:
-                from areal_agents.policies.server import BuiltinServer
+                from areal_agents.serving.server import BuiltinServer
 
                 servers.append(
                     BuiltinServer(model="default" if model == "SmolLM2-135M-Instruct" else model)

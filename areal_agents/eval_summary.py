@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from areal_agents.eval import EvalConfig
+    from areal_agents.eval_config import EvalConfig
 
 __all__ = ["exit_status", "failure_line", "pass_at_k", "summarize"]
 

@@ -9,6 +9,7 @@ drops and counts the episode instead of scoring it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import gymnasium as gym
 from areal_agents.envs.base import MultiTurnEnv
 from areal_agents.envs.remote import RemoteEnv
 from areal_agents.policies.base import Policy
-from areal_agents.types import Message, ToolSpec, Trajectory, Turn
+from areal_agents.types import Message, ToolSpec, Trajectory, TrajectoryMetadata, Turn
 
 __all__ = ["Episode", "run_episode"]
 
@@ -43,8 +44,11 @@ class Episode:
     def num_turns(self) -> int:
         return len(self.turns)
 
-    def to_trajectory(self, group_id: str, metadata: Mapping[str, Any] | None = None) -> Trajectory:
-        """The episode as one token sequence (needs a token-level policy)."""
+    def to_trajectory(
+        self, group_id: str, metadata: TrajectoryMetadata | None = None
+    ) -> Trajectory:
+        """The episode as one token sequence (needs a token-level policy); ``metadata`` gets
+        this episode's tool calls, tool errors and duration."""
         return Trajectory.from_turns(
             self.turns,
             reward=self.reward,
@@ -52,11 +56,12 @@ class Episode:
             task_id=self.task_id,
             terminated=self.terminated,
             truncated=self.truncated,
-            metadata={
-                "tool_calls": self.tool_calls,
-                "tool_errors": dict(self.tool_errors),
-                **(metadata or {}),
-            },
+            metadata=dataclasses.replace(
+                metadata or TrajectoryMetadata(),
+                tool_calls=self.tool_calls,
+                tool_errors=dict(self.tool_errors),
+                duration_s=round(self.duration_s, 4),
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -69,7 +74,7 @@ class Episode:
             "num_turns": self.num_turns,
             "tool_calls": self.tool_calls,
             "tool_errors": dict(self.tool_errors),
-            "num_policy_tokens": sum(len(t.token_ids or ()) for t in self.turns),
+            "num_policy_tokens": sum(len(t.completion_ids or ()) for t in self.turns),
             "duration_s": round(self.duration_s, 4),
             "messages": [m.to_openai() for m in self.messages],
             "info": _jsonable(self.info),

@@ -12,6 +12,7 @@ environment, a policy client and a learner can exchange them without importing o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "Trajectory",
+    "TrajectoryMetadata",
     "Turn",
 ]
 
@@ -113,28 +115,33 @@ class Turn:
     """One assistant turn as produced by a policy.
 
     ``tool_calls`` is ``None`` when the endpoint did not parse tool calls (the environment then
-    parses them from ``text``), and a tuple (possibly empty) when it did. The token fields are
-    filled by token-level clients: ``prompt_token_ids`` is the whole context the turn was
-    sampled from, ``token_ids``/``logprobs``/``versions`` describe the sampled tokens (one
-    policy version per token, since a weight update may land in the middle of a turn).
+    parses them from ``text``), and a tuple (possibly empty) when it did. ``id`` names the turn
+    for the client that produced it (the assistant message keeps it, see
+    :meth:`Message.from_turn`), so that a token-level client finds its own sampled tokens
+    again without the conversation carrying them. The token fields are
+    filled by token-level clients: ``prompt_ids`` is the whole context the turn was sampled
+    from; ``completion_ids``, ``behavior_logprobs`` (the sampling policy's log-probs) and
+    ``versions`` describe the sampled tokens (one policy version per token, since a weight update
+    may land in the middle of a turn).
     """
 
     text: str
     tool_calls: tuple[ToolCall, ...] | None = None
-    token_ids: tuple[int, ...] | None = None
-    logprobs: tuple[float, ...] | None = None
+    id: str = ""
+    completion_ids: tuple[int, ...] | None = None
+    behavior_logprobs: tuple[float, ...] | None = None
     versions: tuple[int, ...] | None = None
-    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None
     finish_reason: str | None = None
     usage: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
     """Token counts the endpoint reported (``prompt_tokens``, ``completion_tokens``), if any."""
 
     def __post_init__(self) -> None:
-        n = None if self.token_ids is None else len(self.token_ids)
-        for name in ("logprobs", "versions"):
+        n = None if self.completion_ids is None else len(self.completion_ids)
+        for name in ("behavior_logprobs", "versions"):
             value = getattr(self, name)
             if value is not None and (n is None or len(value) != n):
-                raise ValueError(f"Turn.{name} has {len(value)} entries for {n} token ids")
+                raise ValueError(f"Turn.{name} has {len(value)} entries for {n} completion ids")
 
     @property
     def version(self) -> int | None:
@@ -146,9 +153,10 @@ class Turn:
 class Message:
     """A chat message in the OpenAI format.
 
-    ``turn`` is provenance, not content: for an assistant message that a policy produced, it
-    holds the policy's :class:`Turn` so that token-level clients can reuse the exact sampled
-    token ids instead of re-tokenising text. It is never sent over the wire.
+    ``turn_id`` is provenance, not content: for an assistant message that a policy produced, it
+    is the :attr:`Turn.id`, by which the client that sampled the turn finds its token ids again
+    (the ids stay in the client; the message carries only the name). It is never sent over the
+    wire and does not take part in equality.
     """
 
     role: Role
@@ -156,7 +164,7 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
-    turn: Turn | None = field(default=None, compare=False, repr=False)
+    turn_id: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.role not in _ROLES:
@@ -180,9 +188,9 @@ class Message:
 
     @classmethod
     def from_turn(cls, turn: Turn, tool_calls: Sequence[ToolCall] | None = None) -> Message:
-        """The assistant message for ``turn``, keeping the turn as provenance."""
+        """The assistant message for ``turn``, keeping the turn's id as provenance."""
         calls = tuple(tool_calls if tool_calls is not None else (turn.tool_calls or ()))
-        return cls("assistant", turn.text, tool_calls=calls, turn=turn)
+        return cls("assistant", turn.text, tool_calls=calls, turn_id=turn.id)
 
     def to_openai(self) -> dict[str, Any]:
         """The message as an OpenAI chat ``messages`` entry."""
@@ -211,6 +219,39 @@ class Message:
 
 
 @dataclass(frozen=True)
+class TrajectoryMetadata:
+    """Where a trajectory came from and how its episode went: for logs and transcripts (no
+    learner reads it). The rollout fills the episode's part, the rollout worker its own."""
+
+    traj_id: str = ""
+    """``<task index>-<sample>``: unique in a run."""
+    task_index: int = -1
+    """The task's position in the run's task stream."""
+    sample: int = 0
+    """Which sample of its group."""
+    attempt: int = 0
+    """Retries its episode needed after infrastructure faults."""
+    worker: int = 0
+    """The rollout worker that played it."""
+    duration_s: float = 0.0
+    """Wall time of the episode."""
+    tool_calls: int = 0
+    """Tool calls the environment ran."""
+    tool_errors: Mapping[str, int] = field(default_factory=dict)
+    """The model's tool-call mistakes by kind (see ``envs.ERROR_KINDS``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (checkpoints, transcripts)."""
+        return {**dataclasses.asdict(self), "tool_errors": dict(self.tool_errors)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrajectoryMetadata:
+        """The inverse of :meth:`to_dict` (unknown keys are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
 class Trajectory:
     """One episode as a single token sequence, ready for a learner.
 
@@ -219,7 +260,7 @@ class Trajectory:
     sampled token ``i`` (0.0 and -1 where the mask is 0).
     """
 
-    token_ids: tuple[int, ...]
+    sequence_ids: tuple[int, ...]
     loss_mask: tuple[int, ...]
     behavior_logprobs: tuple[float, ...]
     versions: tuple[int, ...]
@@ -229,10 +270,10 @@ class Trajectory:
     num_turns: int = 0
     terminated: bool = True
     truncated: bool = False
-    metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    metadata: TrajectoryMetadata = field(default_factory=TrajectoryMetadata, compare=False)
 
     def __post_init__(self) -> None:
-        n = len(self.token_ids)
+        n = len(self.sequence_ids)
         for name in ("loss_mask", "behavior_logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(
@@ -261,39 +302,43 @@ class Trajectory:
         task_id: str = "",
         terminated: bool = True,
         truncated: bool = False,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: TrajectoryMetadata | None = None,
     ) -> Trajectory:
         """Join token-level turns into one trajectory.
 
-        Each turn's ``prompt_token_ids`` must extend the previous turn's prompt plus its sampled
+        Each turn's ``prompt_ids`` must extend the previous turn's prompt plus its sampled
         tokens (the token client guarantees this); the tokens between are the environment's
         (tool results, template) and get mask 0.
         """
         if not turns:
             raise ValueError("a trajectory needs at least one turn")
-        ids: list[int] = []
+        sequence_ids: list[int] = []
         mask: list[int] = []
-        logprobs: list[float] = []
+        behavior_logprobs: list[float] = []
         versions: list[int] = []
         for i, turn in enumerate(turns):
-            if turn.prompt_token_ids is None or turn.token_ids is None or turn.logprobs is None:
+            if (
+                turn.prompt_ids is None
+                or turn.completion_ids is None
+                or turn.behavior_logprobs is None
+            ):
                 raise ValueError(f"turn {i} has no token ids/logprobs: use a token-level policy")
-            prompt = turn.prompt_token_ids
-            if tuple(ids) != prompt[: len(ids)]:
+            prompt = turn.prompt_ids
+            if tuple(sequence_ids) != prompt[: len(sequence_ids)]:
                 raise ValueError(f"turn {i}: prompt does not extend the previous turns' tokens")
-            extra = len(prompt) - len(ids)
-            ids.extend(prompt[len(ids) :])
+            extra = len(prompt) - len(sequence_ids)
+            sequence_ids.extend(prompt[len(sequence_ids) :])
             mask.extend([0] * extra)
-            logprobs.extend([0.0] * extra)
+            behavior_logprobs.extend([0.0] * extra)
             versions.extend([-1] * extra)
-            ids.extend(turn.token_ids)
-            mask.extend([1] * len(turn.token_ids))
-            logprobs.extend(turn.logprobs)
-            versions.extend(turn.versions or [0] * len(turn.token_ids))
+            sequence_ids.extend(turn.completion_ids)
+            mask.extend([1] * len(turn.completion_ids))
+            behavior_logprobs.extend(turn.behavior_logprobs)
+            versions.extend(turn.versions or [0] * len(turn.completion_ids))
         return cls(
-            token_ids=tuple(ids),
+            sequence_ids=tuple(sequence_ids),
             loss_mask=tuple(mask),
-            behavior_logprobs=tuple(logprobs),
+            behavior_logprobs=tuple(behavior_logprobs),
             versions=tuple(versions),
             reward=float(reward),
             group_id=group_id,
@@ -301,5 +346,5 @@ class Trajectory:
             num_turns=len(turns),
             terminated=terminated,
             truncated=truncated,
-            metadata=dict(metadata or {}),
+            metadata=metadata or TrajectoryMetadata(),
         )

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from areal_agents.files import atomic_write
+
 __all__ = ["REPO", "RESULTS", "git_commit", "machine_info", "other_load", "write_json"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,5 +105,5 @@ def write_json(path: str | Path | None, data: dict[str, Any]) -> None:
         text = text.replace(json.dumps(root + os.sep)[1:-1], "")
     # ... and other absolute paths (other processes' command lines) keep only their last part
     text = _ABSOLUTE_DIRS.sub("", text)
-    target.write_text(text)
+    atomic_write(target, text)
     print(f"wrote {target}", file=sys.stderr)

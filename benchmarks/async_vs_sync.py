@@ -71,7 +71,7 @@ class Monitor(threading.Thread):
                 cmd = " ".join(proc.cmdline())
             except psutil.Error:
                 continue
-            if "areal_agents.policies.serve" in cmd or "vllm.entrypoints" in cmd:
+            if "areal_agents.serving.serve" in cmd or "vllm.entrypoints" in cmd:
                 roles[proc.pid] = "generation"
             elif cmd.startswith("ray::Learner"):
                 roles[proc.pid] = "learning"

@@ -96,7 +96,7 @@ async def _level(
         nonlocal tokens, turns, done
         for seed in seeds:
             episode = await run_episode(env, policy, seed=seed)
-            tokens += sum(len(t.token_ids or ()) for t in episode.turns)
+            tokens += sum(len(t.completion_ids or ()) for t in episode.turns)
             turns += episode.num_turns
             done += 1
             durations.append(episode.duration_s)
@@ -134,8 +134,8 @@ def rollout_sweep(
     """
     from transformers import AutoTokenizer
 
-    from areal_agents.policies.server import BuiltinServer
     from areal_agents.policies.token_client import TokenPolicy
+    from areal_agents.serving.server import BuiltinServer
     from areal_agents.trainers.modeling import resolve_model_dir
 
     model_dir = resolve_model_dir(model)

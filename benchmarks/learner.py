@@ -52,7 +52,7 @@ def synthetic_batch(
         mask = [0] * prompt + [1] * (n - prompt)
         out.append(
             Trajectory(
-                token_ids=tuple(rng.randrange(vocab) for _ in range(n)),
+                sequence_ids=tuple(rng.randrange(vocab) for _ in range(n)),
                 loss_mask=tuple(mask),
                 behavior_logprobs=tuple(-2.0 * m for m in mask),
                 versions=tuple(0 if m else -1 for m in mask),
@@ -97,8 +97,7 @@ def _plain(model_dir: str, batch: list[Any], steps: int, micro_batch_tokens: int
         compute_advantages,
         compute_policy_loss,
     )
-    from areal_agents.trainers.batching import collate, plan
-    from areal_agents.trainers.learner import token_logprobs
+    from areal_agents.trainers.batching import collate, plan, sequence_logprobs
     from areal_agents.trainers.modeling import load_policy
 
     device = torch.device("cuda" if _gpu() else "cpu")
@@ -108,20 +107,20 @@ def _plain(model_dir: str, batch: list[Any], steps: int, micro_batch_tokens: int
     pad = int(getattr(model.config, "pad_token_id", None) or 0)
     data = collate(batch, pad)
     mbs = plan(list(range(len(batch))), data.lengths, 1, 0, micro_batch_tokens)
-    adv, _ = compute_advantages(algo, data.rewards, data.mask, data.group_ids)
-    norm = float((data.mask.sum(1) > 0).sum())
+    adv, _ = compute_advantages(algo, data.rewards, data.loss_mask, data.group_ids)
+    norm = float((data.loss_mask.sum(1) > 0).sum())
     times = []
     for _ in range(steps + 1):  # the first step warms up allocators and kernels
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         for rows in mbs:
             mb = data.rows(rows)
-            w = mb.mask.shape[1]
-            ids = mb.input_ids.to(device)
+            w = mb.loss_mask.shape[1]
+            ids = mb.sequence_ids.to(device)
             logits = model(input_ids=ids, attention_mask=mb.attention_mask.to(device)).logits
-            lp = token_logprobs(logits, ids, 1.0)
+            lp = sequence_logprobs(logits, ids, 1.0)
             lp = torch.nn.functional.pad(lp, (0, w - lp.shape[1]))
-            mask = mb.mask.to(device)
+            mask = mb.loss_mask.to(device)
             loss, _ = compute_policy_loss(
                 algo,
                 lp,
@@ -183,11 +182,11 @@ def time_per_token(
     configs: Sequence[str] = ("plain", "fsdp1", "fsdp2"),
 ) -> dict[str, Any]:
     """Seconds per step of each configuration, each in fresh processes."""
-    from areal_agents.trainers.fsdp import free_port
+    from areal_agents.net import free_port
 
     cores = os.cpu_count() or 1
     trained = sum(t.num_policy_tokens for t in batch)
-    total = sum(len(t.token_ids) for t in batch)
+    total = sum(len(t.sequence_ids) for t in batch)
     ctx = mp.get_context("spawn")
     results: dict[str, Any] = {}
     for name in configs:
@@ -296,7 +295,7 @@ def _push_rounds(server: Any, model_dir: str, repeats: int, in_memory: bool) -> 
 
 def push_latency(model: str, repeats: int, vllm: bool) -> dict[str, Any]:
     """Weight-push latency to the built-in server (and vLLM when asked and available)."""
-    from areal_agents.policies.server import BuiltinServer
+    from areal_agents.serving.server import BuiltinServer
     from areal_agents.trainers.modeling import resolve_model_dir
 
     model_dir = str(resolve_model_dir(model))
@@ -314,9 +313,9 @@ def push_latency(model: str, repeats: int, vllm: bool) -> dict[str, Any]:
     python = _vllm_python()
     if vllm and python:
         try:
-            from areal_agents.policies.vllm import VLLMServer
+            from areal_agents.serving.vllm import VLLMServer
         except ImportError as e:
-            out["vllm"] = {"skipped": f"areal_agents.policies.vllm not importable: {e}"}
+            out["vllm"] = {"skipped": f"areal_agents.serving.vllm not importable: {e}"}
         else:
             os.environ.setdefault("AREAL_VLLM_PYTHON", python)
             t0 = time.perf_counter()

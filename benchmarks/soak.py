@@ -47,7 +47,7 @@ def role(proc: psutil.Process) -> str:
         return "gone"
     if cmd.startswith("ray::"):
         return cmd.split()[0].split(".")[0]  # ray::Learner, ray::RolloutWorkerActor, ...
-    if "areal_agents.policies.serve" in cmd:
+    if "areal_agents.serving.serve" in cmd:
         return "inference server"
     if "areal_agents.train" in cmd:
         return "driver"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.policies.test_process import is_gone, kill_and_reap
+from tests.serving.test_process import is_gone, kill_and_reap
 
 pytestmark = [
     pytest.mark.integration,
@@ -41,7 +41,7 @@ def _server_of(pid: int) -> int | None:
             cmdline = (Path("/proc") / str(child) / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"areal_agents.policies.serve" in cmdline:
+        if b"areal_agents.serving.serve" in cmdline:
             return child
     return None
 

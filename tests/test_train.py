@@ -19,13 +19,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from areal_agents.errors import ConfigError
+from areal_agents.files import read_jsonl as _read_jsonl
 from areal_agents.train import main
-from areal_agents.trainers.metrics import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [
@@ -38,6 +39,10 @@ TINY = [
     "log.tensorboard=false",
     "ray.num_cpus=2",
 ]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return _read_jsonl(path, torn_ok=True)
 
 
 def run(

@@ -30,10 +30,12 @@ def test_message_round_trip_keeps_tool_calls_and_ids() -> None:
 def test_message_rejects_unknown_role_and_keeps_turn_out_of_the_wire() -> None:
     with pytest.raises(ValueError, match="unknown role"):
         Message("robot", "hi")  # type: ignore[arg-type]
-    turn = Turn(text="hi", token_ids=(1, 2), logprobs=(-0.1, -0.2), versions=(0, 0))
+    turn = Turn(
+        "hi", id="t1", completion_ids=(1, 2), behavior_logprobs=(-0.1, -0.2), versions=(0, 0)
+    )
     msg = Message.from_turn(turn)
-    assert msg.turn is turn
-    assert "turn" not in msg.to_openai()
+    assert msg.turn_id == "t1" and msg == Message.assistant("hi")  # provenance, not content
+    assert not any("turn" in key for key in msg.to_openai())
 
 
 def test_tool_call_arguments_parse_lazily() -> None:
@@ -58,19 +60,22 @@ def test_tool_spec_validates_and_round_trips() -> None:
 
 
 def test_turn_checks_token_field_lengths() -> None:
-    with pytest.raises(ValueError, match="logprobs"):
-        Turn(text="x", token_ids=(1, 2), logprobs=(-0.1,))
+    with pytest.raises(ValueError, match="behavior_logprobs"):
+        Turn(text="x", completion_ids=(1, 2), behavior_logprobs=(-0.1,))
     with pytest.raises(ValueError, match="versions"):
         Turn(text="x", versions=(1,))
-    assert Turn(text="x", token_ids=(1, 2), logprobs=(0.0, 0.0), versions=(3, 4)).version == 4
+    assert (
+        Turn(text="x", completion_ids=(1, 2), behavior_logprobs=(0.0, 0.0), versions=(3, 4)).version
+        == 4
+    )
 
 
 def _turn(prompt: tuple[int, ...], gen: tuple[int, ...], version: int) -> Turn:
     return Turn(
         text="",
-        prompt_token_ids=prompt,
-        token_ids=gen,
-        logprobs=tuple(-0.5 for _ in gen),
+        prompt_ids=prompt,
+        completion_ids=gen,
+        behavior_logprobs=tuple(-0.5 for _ in gen),
         versions=tuple(version for _ in gen),
     )
 
@@ -80,7 +85,7 @@ def test_trajectory_from_turns_masks_only_policy_tokens() -> None:
     # second prompt = first prompt + generated + two tool tokens (20, 21)
     t2 = _turn((1, 2, 3, 10, 11, 20, 21), (12,), version=1)
     traj = Trajectory.from_turns([t1, t2], reward=1.0, group_id="g", task_id="t")
-    assert traj.token_ids == (1, 2, 3, 10, 11, 20, 21, 12)
+    assert traj.sequence_ids == (1, 2, 3, 10, 11, 20, 21, 12)
     assert traj.loss_mask == (0, 0, 0, 1, 1, 0, 0, 1)
     assert traj.versions == (-1, -1, -1, 0, 0, -1, -1, 1)
     assert traj.behavior_logprobs[3] == -0.5 and traj.behavior_logprobs[5] == 0.0

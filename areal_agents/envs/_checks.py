@@ -21,8 +21,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from areal_agents.config import check_timeout
 from areal_agents.errors import ConfigError, did_you_mean
-from areal_agents.rewards.base import check_timeout
 
 __all__ = [
     "check_choice",

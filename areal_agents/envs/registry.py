@@ -1,10 +1,15 @@
-"""Registration of the built-in environments and the short names the command lines accept.
+"""The built-in environments, their registration, and the short names the command lines accept.
 
-Built-in environments are registered with :func:`gymnasium.register` under the namespace
-``areal_agents/``; any environment a user registers with plain ``gym.register`` works wherever
-a built-in one does, because every name ends up in ``gym.make``. ``resolve_env_id`` turns a
-short alias (``code_sandbox``) into its id, and passes anything else through untouched
-(including Gymnasium's ``module:Env-v0`` form, which imports the user's module first).
+:data:`BUILTIN_ENVS` is the one list of built-in environments: short name, Gymnasium id, entry
+point and the turn budget of the trainer's ``env=NAME`` preset. They are registered with
+:func:`gymnasium.register` under the namespace ``areal_agents/`` by
+:func:`register_builtin_envs`, which runs when ``areal_agents.envs`` is imported and in
+:func:`make_env`; ``gym.make("areal_agents.envs:areal_agents/Calculator-v0")`` imports (and so
+registers) them too. Any environment a user registers with plain ``gym.register`` works
+wherever a built-in one does, because every name ends up in ``gym.make``.
+:func:`resolve_env_id` turns a short name (``code_sandbox``) into its id, and passes anything
+else through untouched (including Gymnasium's ``module:Env-v0`` form, which imports the user's
+module first).
 
 >>> resolve_env_id("calculator")
 'areal_agents/Calculator-v0'
@@ -14,36 +19,72 @@ short alias (``code_sandbox``) into its id, and passes anything else through unt
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
 from areal_agents.errors import UnknownEnvironmentError, did_you_mean
 
-__all__ = ["ALIASES", "BUILTIN_ENVS", "make_env", "register_builtin_envs", "resolve_env_id"]
+__all__ = [
+    "ALIASES",
+    "BUILTIN_ENVS",
+    "BuiltinEnv",
+    "builtin_env",
+    "make_env",
+    "register_builtin_envs",
+    "resolve_env_id",
+]
 
-#: id -> entry point of every built-in environment.
-BUILTIN_ENVS: dict[str, str] = {
-    "areal_agents/Calculator-v0": "areal_agents.envs.calculator:CalculatorEnv",
-    "areal_agents/CodeSandbox-v0": "areal_agents.envs.code_sandbox:CodeSandboxEnv",
-    "areal_agents/MathPython-v0": "areal_agents.envs.math_python:MathPythonEnv",
-    "areal_agents/Search-v0": "areal_agents.envs.search:SearchEnv",
-}
+
+@dataclass(frozen=True)
+class BuiltinEnv:
+    """One built-in environment."""
+
+    alias: str
+    """The short name the command lines accept (``env=calculator``)."""
+    id: str
+    """The Gymnasium id (``areal_agents/Calculator-v0``)."""
+    entry_point: str
+    """``module:Class`` of the environment."""
+    train_max_turns: int
+    """Assistant turns per episode in the trainer's ``env=ALIAS`` preset (small CPU machines)."""
+
+
+#: Every built-in environment, once.
+BUILTIN_ENVS: tuple[BuiltinEnv, ...] = (
+    BuiltinEnv(
+        "calculator", "areal_agents/Calculator-v0", "areal_agents.envs.calculator:CalculatorEnv", 2
+    ),
+    BuiltinEnv(
+        "code_sandbox",
+        "areal_agents/CodeSandbox-v0",
+        "areal_agents.envs.code_sandbox:CodeSandboxEnv",
+        2,
+    ),
+    BuiltinEnv(
+        "math_python",
+        "areal_agents/MathPython-v0",
+        "areal_agents.envs.math_python:MathPythonEnv",
+        2,
+    ),
+    BuiltinEnv("search", "areal_agents/Search-v0", "areal_agents.envs.search:SearchEnv", 3),
+)
 
 #: short name -> id, as used on the command line (``env=calculator``).
-ALIASES: dict[str, str] = {
-    "calculator": "areal_agents/Calculator-v0",
-    "code_sandbox": "areal_agents/CodeSandbox-v0",
-    "math_python": "areal_agents/MathPython-v0",
-    "search": "areal_agents/Search-v0",
-}
+ALIASES: dict[str, str] = {env.alias: env.id for env in BUILTIN_ENVS}
+
+
+def builtin_env(name: str) -> BuiltinEnv | None:
+    """The built-in environment with this short name or id, or None."""
+    return next((env for env in BUILTIN_ENVS if name in (env.alias, env.id)), None)
 
 
 def register_builtin_envs() -> None:
     """Register every built-in environment with Gymnasium (idempotent)."""
-    for env_id, entry_point in BUILTIN_ENVS.items():
-        if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry_point)
+    for env in BUILTIN_ENVS:
+        if env.id not in gym.registry:
+            gym.register(id=env.id, entry_point=env.entry_point)
 
 
 def resolve_env_id(name: str) -> str:
@@ -67,6 +108,7 @@ def resolve_env_id(name: str) -> str:
 
 def make_env(name: str, **kwargs: Any) -> gym.Env[Any, Any]:
     """``gym.make`` on a short alias or an id, with a clear error for unknown names."""
+    register_builtin_envs()
     env_id = resolve_env_id(name)
     try:
         return gym.make(env_id, **kwargs)

@@ -395,8 +395,8 @@ class RemoteEnv(gym.Env[Any, Any]):
         if self._chat:
             if "assistant" in out:
                 recorded = Message.from_openai(out["assistant"])
-                turn = action if isinstance(action, Turn) else None
-                self.messages.append(dataclasses.replace(recorded, turn=turn))
+                turn_id = action.id if isinstance(action, Turn) else ""
+                self.messages.append(dataclasses.replace(recorded, turn_id=turn_id))
             elif isinstance(action, Turn):
                 self.messages.append(Message.from_turn(action))
             if isinstance(obs, list):

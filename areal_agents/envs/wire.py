@@ -264,15 +264,14 @@ def decode_value(space: spaces.Space[Any], value: Any) -> Any:
 
 
 def turn_to_dict(turn: Turn) -> dict[str, Any]:
-    """An assistant turn as JSON; ``prompt_token_ids`` (the whole context) stays behind."""
+    """An assistant turn as JSON: what an environment reads (text, tool calls) and the turn's
+    name. Token ids, log-probs and versions stay with the client that sampled them."""
     return {
         "text": turn.text,
         "tool_calls": None
         if turn.tool_calls is None
         else [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in turn.tool_calls],
-        "token_ids": None if turn.token_ids is None else list(turn.token_ids),
-        "logprobs": None if turn.logprobs is None else list(turn.logprobs),
-        "versions": None if turn.versions is None else list(turn.versions),
+        "id": turn.id,
         "finish_reason": turn.finish_reason,
         "usage": None if turn.usage is None else dict(turn.usage),
     }
@@ -287,10 +286,6 @@ def turn_from_dict(data: Mapping[str, Any]) -> Turn:
     if calls is not None and not isinstance(calls, list):
         raise ValueError("'tool_calls' must be a list or null")
 
-    def tup(key: str) -> tuple[Any, ...] | None:
-        value = data.get(key)
-        return None if value is None else tuple(value)
-
     return Turn(
         text=data["text"],
         tool_calls=None
@@ -299,9 +294,7 @@ def turn_from_dict(data: Mapping[str, Any]) -> Turn:
             ToolCall(str(c["name"]), str(c.get("arguments", "{}")), str(c.get("id", "")))
             for c in calls
         ),
-        token_ids=tup("token_ids"),
-        logprobs=tup("logprobs"),
-        versions=tup("versions"),
+        id=str(data.get("id", "")),
         finish_reason=data.get("finish_reason"),
         usage=data.get("usage"),
     )

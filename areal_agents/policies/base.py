@@ -23,8 +23,9 @@ class Policy(Protocol):
     async def act(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> Turn:
         """The next assistant turn for ``conversation`` (which ends with user/tool messages).
 
-        Assistant messages in ``conversation`` that this policy produced carry their
-        :class:`Turn` in ``Message.turn``, so token-level policies can reuse exact token ids.
+        Assistant messages in ``conversation`` that this policy produced carry their turn's
+        :attr:`Turn.id` in ``Message.turn_id``, so that a token-level policy can look up the
+        exact token ids it sampled (it keeps them; the conversation does not).
         """
         ...
 

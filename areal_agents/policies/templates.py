@@ -10,7 +10,7 @@ for the new tool/user messages (:func:`continuation_ids`). Nothing already sampl
 re-tokenised.
 
 >>> from transformers import AutoTokenizer
->>> from areal_agents.policies.model import default_model_path
+>>> from areal_agents.serving.model import default_model_path
 >>> from areal_agents.types import Message
 >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path())
 >>> print(render_prompt(tokenizer, [Message.system("Be brief."), Message.user("Hi")], []))

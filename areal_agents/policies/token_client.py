@@ -7,10 +7,14 @@ vLLM's OpenAI server uses for RL (``return_token_ids``: per-choice ``token_ids``
 The conversation is rendered once with the model's chat template (with tools). On every later
 turn the prompt is the previous turn's prompt + its sampled ids + the template's tokens for the
 new tool/user messages (:func:`~areal_agents.policies.templates.continuation_ids`), so each
-turn's ``prompt_token_ids`` extends the last exactly and
+turn's ``prompt_ids`` extends the last exactly and
 :meth:`~areal_agents.types.Trajectory.from_turns` can join them: training sees exactly the
-tokens the policy produced. Tool calls stay in the text in the model's own format; the
-environment parses them (and counts malformed ones as the model's mistakes).
+tokens the policy produced. The token prefix stays in the client: it keeps each turn it produced
+(weakly, for as long as the caller holds the :class:`~areal_agents.types.Turn`, as
+:func:`~areal_agents.rollout.run_episode` does) under :attr:`Turn.id`, and the conversation
+refers to it only by that id (``Message.turn_id``), never by its token ids. Tool calls stay in
+the text in the model's own format; the environment parses them (and counts malformed ones as
+the model's mistakes).
 
 If a weight update interrupts a generation (``finish_reason="abort"``), the client continues it
 from where it stopped, under the new weights, and tags those tokens with the new version.
@@ -18,6 +22,8 @@ from where it stopped, under the new weights, and tags those tokens with the new
 
 from __future__ import annotations
 
+import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,23 +39,33 @@ ABORT_FINISH_REASON = "abort"
 
 
 def prompt_ids_for(
-    tokenizer: ChatTokenizer, conversation: Sequence[Message], tools: Sequence[ToolSpec]
+    tokenizer: ChatTokenizer,
+    conversation: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    sampled: Mapping[str, Turn],
 ) -> list[int]:
-    """The prompt token ids for the next turn, reusing the ids of the last sampled turn."""
+    """The prompt token ids for the next turn, reusing the ids of the last sampled turn.
+
+    ``sampled`` maps :attr:`Turn.id` to the turns this client produced; the last assistant
+    message found in it (by ``Message.turn_id``) gives the prefix. Without one the whole
+    conversation is rendered.
+    """
     for index in range(len(conversation) - 1, -1, -1):
         message = conversation[index]
-        turn = message.turn
-        if message.role != "assistant" or turn is None:
+        if message.role != "assistant" or not message.turn_id:
             continue
-        if turn.prompt_token_ids is None or turn.token_ids is None:
+        turn = sampled.get(message.turn_id)
+        if turn is None:
             continue
-        base = [*turn.prompt_token_ids, *turn.token_ids]
+        if turn.prompt_ids is None or turn.completion_ids is None:
+            continue
+        base = [*turn.prompt_ids, *turn.completion_ids]
         tail = continuation_ids(
             tokenizer,
             conversation[: index + 1],
             conversation[index + 1 :],
             tools,
-            sampled_ids=turn.token_ids,
+            sampled_ids=turn.completion_ids,
         )
         return base + tail
     return render_prompt_ids(tokenizer, conversation, tools)
@@ -101,6 +117,8 @@ class TokenPolicy:
         self.version_source = version_source
         self.max_model_len = max_model_len
         self.max_continuations = max_continuations
+        #: Turn.id -> the turn, while its caller holds it (the token prefix of a conversation)
+        self.sampled: weakref.WeakValueDictionary[str, Turn] = weakref.WeakValueDictionary()
         self.endpoint = EndpointClient(
             ClientSettings(
                 base_url=base_url,
@@ -147,62 +165,77 @@ class TokenPolicy:
         return response, int(version)
 
     async def act(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> Turn:
-        prompt = prompt_ids_for(self.tokenizer, conversation, tools)
+        prompt_ids = prompt_ids_for(self.tokenizer, conversation, tools, self.sampled)
         budget = self.max_tokens
         limit = await self._context_length()
         if limit is not None:
-            budget = min(budget, limit - len(prompt))
+            budget = min(budget, limit - len(prompt_ids))
         if budget <= 0:  # the context is full: an empty turn that ends the episode
-            return Turn(
-                text="",
-                token_ids=(),
-                logprobs=(),
-                versions=(),
-                prompt_token_ids=tuple(prompt),
-                finish_reason="length",
+            return self._keep(
+                Turn(
+                    text="",
+                    id=uuid.uuid4().hex,
+                    completion_ids=(),
+                    behavior_logprobs=(),
+                    versions=(),
+                    prompt_ids=tuple(prompt_ids),
+                    finish_reason="length",
+                )
             )
-        ids: list[int] = []
-        logprobs: list[float] = []
+        completion_ids: list[int] = []
+        behavior_logprobs: list[float] = []
         versions: list[int] = []
         finish: str | None = ABORT_FINISH_REASON
         continuations = 0
         usage_prompt = 0
-        while finish == ABORT_FINISH_REASON and len(ids) < budget:
+        while finish == ABORT_FINISH_REASON and len(completion_ids) < budget:
             if continuations > self.max_continuations:
                 raise EndpointError(
                     f"generation was interrupted {continuations} times in a row; giving up"
                 )
             continuations += 1
-            response, version = await self._complete(prompt + ids, budget - len(ids))
+            response, version = await self._complete(
+                prompt_ids + completion_ids, budget - len(completion_ids)
+            )
             choice = response.choices[0]
             extra = choice.model_extra or {}
-            new_ids = extra.get("token_ids")
-            if new_ids is None:
+            chunk_ids = extra.get("token_ids")
+            if chunk_ids is None:
                 raise EndpointError(
                     "the endpoint returned no token_ids: it does not support return_token_ids "
                     "(use vLLM or the built-in server for token-level rollouts)"
                 )
-            new_logprobs = list(choice.logprobs.token_logprobs) if choice.logprobs else []
-            if len(new_logprobs) != len(new_ids):
+            chunk_logprobs = list(choice.logprobs.token_logprobs) if choice.logprobs else []
+            if len(chunk_logprobs) != len(chunk_ids):
                 raise EndpointError(
-                    f"the endpoint returned {len(new_ids)} token ids but "
-                    f"{len(new_logprobs)} logprobs"
+                    f"the endpoint returned {len(chunk_ids)} token ids but "
+                    f"{len(chunk_logprobs)} logprobs"
                 )
-            ids.extend(int(t) for t in new_ids)
-            logprobs.extend(float(lp if lp is not None else 0.0) for lp in new_logprobs)
-            versions.extend([version] * len(new_ids))
+            completion_ids.extend(int(t) for t in chunk_ids)
+            behavior_logprobs.extend(float(lp if lp is not None else 0.0) for lp in chunk_logprobs)
+            versions.extend([version] * len(chunk_ids))
             finish = choice.finish_reason
             if response.usage is not None and not usage_prompt:
                 usage_prompt = int(response.usage.prompt_tokens)
         if finish == ABORT_FINISH_REASON:  # the budget ran out exactly at the interruption
             finish = "length"
-        return Turn(
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            tool_calls=None,
-            token_ids=tuple(ids),
-            logprobs=tuple(logprobs),
-            versions=tuple(versions),
-            prompt_token_ids=tuple(prompt),
-            finish_reason=finish,
-            usage={"prompt_tokens": usage_prompt or len(prompt), "completion_tokens": len(ids)},
+        return self._keep(
+            Turn(
+                text=self.tokenizer.decode(completion_ids, skip_special_tokens=True),
+                tool_calls=None,
+                id=uuid.uuid4().hex,
+                completion_ids=tuple(completion_ids),
+                behavior_logprobs=tuple(behavior_logprobs),
+                versions=tuple(versions),
+                prompt_ids=tuple(prompt_ids),
+                finish_reason=finish,
+                usage={
+                    "prompt_tokens": usage_prompt or len(prompt_ids),
+                    "completion_tokens": len(completion_ids),
+                },
+            )
         )
+
+    def _keep(self, turn: Turn) -> Turn:
+        self.sampled[turn.id] = turn
+        return turn

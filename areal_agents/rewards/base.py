@@ -23,13 +23,13 @@ never blocks the event loop.
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from areal_agents.errors import ConfigError
+from areal_agents.config import check_timeout
+from areal_agents.errors import RewardTimeout
 
 __all__ = [
     "STATUSES",
@@ -70,29 +70,6 @@ class RewardResult:
     def to_details(self) -> dict[str, Any]:
         """``{"reward": ..., "status": ..., **details}`` as one flat JSON-able dict."""
         return {"reward": self.reward, "status": self.status, **self.details}
-
-
-class RewardTimeout(TimeoutError):
-    """A reward computation did not finish within its time limit."""
-
-
-def check_timeout(key: str, value: Any) -> float:
-    """``value`` as a positive, finite number of seconds, or a ConfigError naming ``key``.
-
-    >>> check_timeout("timeout_s", 2)
-    2.0
-    >>> check_timeout("timeout_s", "10")
-    Traceback (most recent call last):
-    ...
-    areal_agents.errors.ConfigError: timeout_s='10': must be a positive number of seconds (got str)
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(
-            f"{key}={value!r}: must be a positive number of seconds (got {type(value).__name__})"
-        )
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"{key}={value!r}: must be a positive number of seconds")
-    return float(value)
 
 
 class Reward:

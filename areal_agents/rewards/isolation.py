@@ -53,9 +53,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
 from typing import Any, TypeVar
 
-from areal_agents.errors import ConfigError, InfrastructureError
+from areal_agents.errors import ConfigError, InfrastructureError, RewardTimeout
 from areal_agents.rewards._grader import _resolve, warm_up
-from areal_agents.rewards.base import RewardTimeout
 
 __all__ = [
     "GraderPool",

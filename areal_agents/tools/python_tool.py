@@ -24,8 +24,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from areal_agents.config import check_timeout
 from areal_agents.errors import ConfigError, ToolError, did_you_mean
-from areal_agents.rewards.base import check_timeout
 from areal_agents.sandboxes import BACKENDS, ExecResult, Sandbox, SandboxLimits, make_sandbox
 from areal_agents.types import ToolSpec
 

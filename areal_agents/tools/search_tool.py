@@ -24,8 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from areal_agents.errors import ConfigError, DependencyError, InfrastructureError, ToolError
+from areal_agents.files import atomic_directory
 from areal_agents.types import ToolSpec
 
 __all__ = [
@@ -88,6 +87,10 @@ class Retriever(Protocol):
         ...
 
 
+def _index_complete(directory: Path) -> bool:
+    return (directory / "params.index.json").exists()
+
+
 def default_cache_dir() -> Path:
     """Where indexes are cached: ``$AREAL_CACHE_DIR/search`` or ``~/.cache/areal_agents/search``."""
     root = os.environ.get("AREAL_CACHE_DIR") or Path.home() / ".cache" / "areal_agents"
@@ -133,7 +136,7 @@ class BM25Retriever:
             return
         base = default_cache_dir() if cache_dir == "default" else Path(cache_dir)
         self.index_dir = base / f"bm25-{self.key}"
-        if not (self.index_dir / "params.index.json").exists():
+        if not _index_complete(self.index_dir):
             self._build_on_disk(base)
         self._index = bm25s.BM25.load(str(self.index_dir), show_progress=False)
 
@@ -149,17 +152,9 @@ class BM25Retriever:
 
     def _build_on_disk(self, base: Path) -> None:
         assert self.index_dir is not None
-        base.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=base))
-        try:
+        # another worker may finish first: then its index is kept
+        with atomic_directory(self.index_dir, is_complete=_index_complete) as tmp:
             self._build().save(str(tmp), show_progress=False)
-            try:
-                os.rename(tmp, self.index_dir)
-            except OSError:  # another worker finished first: use theirs
-                if not (self.index_dir / "params.index.json").exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         logger.info("built BM25 index of %d documents in %s", len(self.documents), self.index_dir)
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Document]]:

@@ -8,13 +8,19 @@ then), so the pure pieces — buffer, task stream, checkpoints, config — stay 
 ``data``               :class:`TaskStream`: reproducible task order with a cursor
 ``buffer``             :class:`TrajectoryBuffer`: staleness bound, admission order
 ``rollout_worker``     :class:`RolloutWorker`: concurrent episodes -> trajectory groups
+``batching``           trajectories -> padded tensors and log-probs; ranks, micro-batches
+``filters``            overlong penalty and filtering on a batch (DAPO)
 ``learner``            :class:`Learner`: one FSDP2 rank (logprobs, advantages, loss, step)
 ``learner_group``      :class:`LearnerGroup`: the ranks as Ray actors
 ``inference``          servers for training and :class:`WeightSync` (the weight push)
 ``checkpoint``         atomic checkpoint directories, RNG capture
 ``metrics``            ``metrics.jsonl``, TensorBoard, transcripts, summary + PNG
 ``loop``               :func:`train`: the main loop
-``algorithms``         advantages and losses (``AlgoConfig``, ``compute_*``)
+``algorithms``         :class:`AlgoConfig`, presets, what an algorithm needs
+``advantages``         advantage estimators and ``compute_advantages``
+``losses``             policy losses, ``aggregate`` and ``compute_policy_loss``
+``critic``             the value loss (PPO)
+``masked``             statistics over the policy tokens
 =====================  ============================================================
 """
 

@@ -12,7 +12,9 @@ rewards, values and mask share one alignment. Temporal estimators (GAE, REINFORC
 treat the policy tokens of a row, in order, as the time steps: the step after a policy token is
 the next *policy* token, skipping tool tokens, and the last policy token ends the episode.
 
-Adding an estimator is one function and one line::
+Each estimator declares whether it reads critic values (``needs_critic``), so that a learner
+trains a value model exactly when the chosen estimator uses one. Adding an estimator is one
+function and one line::
 
     @register_advantage_estimator("my_adv")
     def my_adv(cfg, batch):
@@ -23,71 +25,63 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from areal_agents.errors import ConfigError, did_you_mean
-
-if TYPE_CHECKING:
-    from areal_agents.trainers.algorithms import AlgoConfig
+from areal_agents.trainers.losses import kl_estimate
+from areal_agents.trainers.masked import masked_whiten
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdvantageBatch",
     "AdvantageEstimator",
+    "AdvantageKnobs",
+    "EstimatorSpec",
     "RunningBaseline",
+    "compute_advantages",
     "discounted_returns",
     "gae",
     "get_advantage_estimator",
     "group_index",
     "group_stats",
-    "masked_mean",
-    "masked_sum",
-    "masked_var",
-    "masked_whiten",
+    "kl_reward_penalty",
     "register_advantage_estimator",
     "spread_token_rewards",
 ]
 
 
-# --- masked statistics -------------------------------------------------------------------------
+class AdvantageKnobs(Protocol):
+    """The algorithm settings advantage estimation reads (``AlgoConfig`` provides them)."""
 
-
-def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Sum of ``x`` where ``mask`` is 1 (``x`` off the mask may be anything finite or not)."""
-    xm = torch.where(mask.bool(), x, torch.zeros_like(x))
-    return xm.sum() if dim is None else xm.sum(dim)
-
-
-def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Mean of ``x`` over ``mask == 1`` (0 where the mask is empty, never NaN).
-
-    >>> masked_mean(torch.tensor([1.0, 2.0, 9.0]), torch.tensor([1, 1, 0]))
-    tensor(1.5000)
-    """
-    count = mask.to(x.dtype).sum() if dim is None else mask.to(x.dtype).sum(dim)
-    return masked_sum(x, mask, dim) / count.clamp(min=1.0)
-
-
-def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
-    """Variance of ``x`` over all ``mask == 1`` entries (Bessel-corrected when ``unbiased``)."""
-    mean = masked_mean(x, mask)
-    count = mask.to(x.dtype).sum()
-    var = masked_sum((x - mean) ** 2, mask) / count.clamp(min=1.0)
-    if unbiased:
-        var = var * count / (count - 1).clamp(min=1.0)
-    return var
-
-
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
-    """``(x - mean) / sqrt(var + eps)`` over the masked entries; 0 off the mask."""
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask)
-    out = (x - mean) if shift_mean else x
-    out = out * torch.rsqrt(var + eps)
-    return torch.where(mask.bool(), out, torch.zeros_like(out))
+    @property
+    def advantage(self) -> str: ...
+    @property
+    def std_normalize(self) -> bool: ...
+    @property
+    def std_scope(self) -> str: ...
+    @property
+    def std_unbiased(self) -> bool: ...
+    @property
+    def adv_eps(self) -> float: ...
+    @property
+    def whiten_advantages(self) -> bool: ...
+    @property
+    def baseline(self) -> str: ...
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def lam(self) -> float: ...
+    @property
+    def kl_coef(self) -> float: ...
+    @property
+    def kl_in_reward(self) -> bool: ...
+    @property
+    def kl_estimator(self) -> str: ...
+    @property
+    def max_log_ratio(self) -> float: ...
 
 
 # --- groups ----------------------------------------------------------------------------------
@@ -253,23 +247,46 @@ class AdvantageBatch:
     baseline: RunningBaseline | None = None
 
 
-AdvantageEstimator = Callable[["AlgoConfig", AdvantageBatch], tuple[Tensor, Tensor | None]]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+AdvantageEstimator = Callable[[AdvantageKnobs, AdvantageBatch], tuple[Tensor, Tensor | None]]
 
 
-def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Decorator: make an estimator selectable as ``algo.advantage=NAME``."""
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """A registered advantage estimator and what it declares it needs."""
+
+    name: str
+    fn: AdvantageEstimator
+    needs_critic: bool = False
+    """Whether it reads critic values (the learner then trains a value model)."""
+    groupwise: bool = False
+    """Whether it compares the samples of a group (then a group needs two or more)."""
+
+    def __call__(self, cfg: AdvantageKnobs, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
+        return self.fn(cfg, batch)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, EstimatorSpec] = {}
+
+
+def register_advantage_estimator(
+    name: str, *, needs_critic: bool = False, groupwise: bool = False
+) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Decorator: make an estimator selectable as ``algo.advantage=NAME``.
+
+    ``needs_critic=True`` declares that it reads ``batch.values`` from a critic;
+    ``groupwise=True`` that it compares the samples of a group with each other.
+    """
 
     def deco(fn: AdvantageEstimator) -> AdvantageEstimator:
-        if name in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS[name] is not fn:
+        if name in ADVANTAGE_ESTIMATORS and ADVANTAGE_ESTIMATORS[name].fn is not fn:
             raise ConfigError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
+        ADVANTAGE_ESTIMATORS[name] = EstimatorSpec(name, fn, needs_critic, groupwise)
         return fn
 
     return deco
 
 
-def get_advantage_estimator(name: str) -> AdvantageEstimator:
+def get_advantage_estimator(name: str) -> EstimatorSpec:
     """The estimator registered as ``name``; unknown names fail with a suggestion."""
     try:
         return ADVANTAGE_ESTIMATORS[name]
@@ -285,15 +302,15 @@ def _broadcast(seq_adv: Tensor, mask: Tensor) -> Tensor:
     return seq_adv[:, None] * mask.to(seq_adv.dtype)  # [B, T]
 
 
-@register_advantage_estimator("gae")
-def gae_estimator(cfg: AlgoConfig, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
+@register_advantage_estimator("gae", needs_critic=True)
+def gae_estimator(cfg: AdvantageKnobs, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
     """PPO: GAE(gamma, lam) on a critic's values; also returns the value targets."""
     if batch.values is None:
         raise ValueError("advantage 'gae' needs critic values: pass values=[B, T]")
     return gae(batch.token_rewards, batch.values, batch.mask, cfg.gamma, cfg.lam)
 
 
-def _grpo(cfg: AlgoConfig, batch: AdvantageBatch, scale: bool) -> Tensor:
+def _grpo(cfg: AdvantageKnobs, batch: AdvantageBatch, scale: bool) -> Tensor:
     r = batch.seq_rewards  # [B]
     mean, std, _ = group_stats(r, batch.group_index, unbiased=cfg.std_unbiased)  # [B] each
     adv = r - mean  # [B]
@@ -304,20 +321,20 @@ def _grpo(cfg: AlgoConfig, batch: AdvantageBatch, scale: bool) -> Tensor:
     return _broadcast(adv, batch.mask)
 
 
-@register_advantage_estimator("grpo")
-def grpo_estimator(cfg: AlgoConfig, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
+@register_advantage_estimator("grpo", groupwise=True)
+def grpo_estimator(cfg: AdvantageKnobs, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
     """GRPO: ``(r - group mean) / (group std + eps)`` (std scaling when ``std_normalize``)."""
     return _grpo(cfg, batch, scale=cfg.std_normalize), None
 
 
-@register_advantage_estimator("dr_grpo")
-def dr_grpo_estimator(cfg: AlgoConfig, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
+@register_advantage_estimator("dr_grpo", groupwise=True)
+def dr_grpo_estimator(cfg: AdvantageKnobs, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
     """Dr. GRPO: ``r - group mean``, never divided by the std."""
     return _grpo(cfg, batch, scale=False), None
 
 
-@register_advantage_estimator("rloo")
-def rloo_estimator(cfg: AlgoConfig, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
+@register_advantage_estimator("rloo", groupwise=True)
+def rloo_estimator(cfg: AdvantageKnobs, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
     """RLOO: ``r_i - mean_{j != i} r_j`` within the group (0 for a group of one)."""
     r = batch.seq_rewards  # [B]
     mean, _, size = group_stats(r, batch.group_index)  # [B] each
@@ -326,7 +343,7 @@ def rloo_estimator(cfg: AlgoConfig, batch: AdvantageBatch) -> tuple[Tensor, Tens
 
 
 @register_advantage_estimator("reinforce")
-def reinforce_estimator(cfg: AlgoConfig, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
+def reinforce_estimator(cfg: AdvantageKnobs, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
     """REINFORCE: ``r - b`` with ``b`` from ``cfg.baseline``: batch mean, running mean, or 0."""
     r = batch.seq_rewards  # [B]
     if cfg.baseline == "batch":
@@ -342,7 +359,82 @@ def reinforce_estimator(cfg: AlgoConfig, batch: AdvantageBatch) -> tuple[Tensor,
 
 
 @register_advantage_estimator("reinforce_pp")
-def reinforce_pp_estimator(cfg: AlgoConfig, batch: AdvantageBatch) -> tuple[Tensor, Tensor | None]:
+def reinforce_pp_estimator(
+    cfg: AdvantageKnobs, batch: AdvantageBatch
+) -> tuple[Tensor, Tensor | None]:
     """REINFORCE++: token returns (KL penalty folded in per token), whitened over the batch."""
     returns = discounted_returns(batch.token_rewards, batch.mask, cfg.gamma)  # [B, T]
     return masked_whiten(returns, batch.mask, eps=cfg.adv_eps), None
+
+
+# --- the call a learner makes ----------------------------------------------------------------
+
+
+def kl_reward_penalty(
+    cfg: AdvantageKnobs, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor
+) -> Tensor:
+    """``-kl_coef * KL`` per policy token ``[B, T]``: the KL penalty folded into the reward."""
+    kl = kl_estimate(logprobs.detach(), ref_logprobs.detach(), cfg.kl_estimator, cfg.max_log_ratio)
+    return torch.where(mask.bool(), -cfg.kl_coef * kl, torch.zeros_like(kl))
+
+
+def compute_advantages(
+    cfg: AdvantageKnobs,
+    rewards: Tensor,
+    mask: Tensor,
+    group_ids: Sequence[str],
+    values: Tensor | None = None,
+    *,
+    behavior_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    baseline: RunningBaseline | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Advantages ``[B, T]`` (0 where ``mask == 0``) and, for GAE, value targets ``[B, T]``.
+
+    ``rewards`` is ``[B]`` (one per sequence, credited to its last policy token) or ``[B, T]``
+    token rewards (a reward on a tool token goes to the policy token before it). Sequence-level
+    estimators (grpo, dr_grpo, rloo, reinforce) use each row's reward total; token-level ones
+    (gae, reinforce_pp) use the rewards token by token. With ``kl_in_reward`` and ``kl_coef > 0``
+    pass ``behavior_logprobs`` (the policy that sampled the tokens) and ``ref_logprobs``: the
+    penalty ``-kl_coef * KL`` is added on every policy token. ``baseline`` is the trainer's
+    :class:`RunningBaseline` for ``baseline=running``. ``group_ids`` is any sequence of ``B``
+    hashable labels (samples of one task share one).
+    """
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
+    B = mask.shape[0]
+    if rewards.shape[0] != B or len(group_ids) != B:
+        raise ValueError(
+            f"{B} rows in mask, {rewards.shape[0]} rewards, {len(group_ids)} group ids"
+        )
+    dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    maskf = mask.to(dtype)
+    rewards = rewards.to(dtype).detach()
+    token_rewards = spread_token_rewards(rewards, maskf)  # [B, T]
+    # A row's total reward (kept even for a row without policy tokens: it still counts in its
+    # group's baseline).
+    seq_rewards = rewards if rewards.dim() == 1 else rewards.sum(dim=1)  # [B]
+    if cfg.kl_in_reward and cfg.kl_coef > 0:
+        if behavior_logprobs is None or ref_logprobs is None:
+            raise ValueError("kl_in_reward needs behavior_logprobs= and ref_logprobs= ([B, T])")
+        penalty = kl_reward_penalty(cfg, behavior_logprobs, ref_logprobs, maskf)  # [B, T]
+        token_rewards = token_rewards + penalty
+        seq_rewards = seq_rewards + penalty.sum(dim=1)
+    estimator = get_advantage_estimator(cfg.advantage)
+    if estimator.needs_critic and values is None:
+        raise ValueError(f"algo.advantage={cfg.advantage!r} needs values= from the critic ([B, T])")
+    batch = AdvantageBatch(
+        token_rewards=token_rewards,
+        seq_rewards=seq_rewards,
+        mask=maskf,
+        group_index=group_index(list(group_ids), device=mask.device),
+        values=None if values is None else values.detach().to(dtype),
+        baseline=baseline,
+    )
+    adv, returns = estimator(cfg, batch)
+    if cfg.whiten_advantages:
+        adv = masked_whiten(adv, maskf, eps=cfg.adv_eps)
+    adv = torch.where(mask.bool(), adv, torch.zeros_like(adv)).detach()
+    if returns is not None:
+        returns = torch.where(mask.bool(), returns, torch.zeros_like(returns)).detach()
+    return adv, returns

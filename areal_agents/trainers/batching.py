@@ -1,16 +1,24 @@
-"""From trajectories to padded tensors, split over learner ranks and token-budget micro-batches.
+"""From trajectories to padded tensors and their log-probabilities, split over learner ranks and
+token-budget micro-batches.
+
+Positions: ``sequence_ids`` is ``[B, T]``; everything the loss sees is aligned to the *predicted*
+tokens, ``[B, T - 1]`` (logits at ``t`` predict token ``t + 1``): the batch's ``loss_mask`` and
+``behavior_logprobs`` (:func:`collate`), and the current policy's log-probs
+(:func:`sequence_logprobs`), which line up with them token for token.
+
+Log-probabilities and entropies come from TRL's memory-efficient kernels
+(``trl.trainer.utils``: ``selective_log_softmax``, ``entropy_from_logits``,
+``selective_log_softmax_and_entropy``), which gather row by row instead of materialising a full
+``log_softmax`` over the vocabulary. TRL is imported on first use (it takes a few seconds).
 
 Every learner rank receives the whole batch and computes the same split, so that all ranks run
 the same number of micro-batches (FSDP's collectives need that): a rank with less work gets
 empty micro-batches (one padding row with an all-zero mask) that contribute exactly nothing.
 
-Positions: ``input_ids`` is ``[B, T]``; everything the loss sees is aligned to the *predicted*
-tokens, ``[B, T - 1]`` (logits at ``t`` predict token ``t + 1``).
-
 >>> from areal_agents.types import Trajectory
 >>> t = Trajectory((1, 2, 3), (0, 1, 1), (0.0, -0.5, -0.7), (-1, 0, 0), 1.0, "g")
 >>> b = collate([t], pad_id=0)
->>> b.input_ids.tolist(), b.mask.tolist(), b.behavior_logprobs.tolist()
+>>> b.sequence_ids.tolist(), b.loss_mask.tolist(), b.behavior_logprobs.tolist()
 ([[1, 2, 3]], [[1.0, 1.0]], [[-0.5, -0.699999988079071]])
 >>> split_ranks([5, 3, 3, 1], world_size=2)
 [[0, 3], [1, 2]]
@@ -20,27 +28,42 @@ tokens, ``[B, T - 1]`` (logits at ``t`` predict token ``t + 1``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import Tensor
 
+from areal_agents.errors import DependencyError
 from areal_agents.types import Trajectory
 
-__all__ = ["Batch", "collate", "micro_batches", "plan", "split_minibatches", "split_ranks"]
+__all__ = [
+    "Batch",
+    "collate",
+    "entropy_from_logits",
+    "gather_logprobs",
+    "logprobs_and_entropy",
+    "micro_batches",
+    "plan",
+    "sequence_logprobs",
+    "split_minibatches",
+    "split_ranks",
+]
 
 
 @dataclass
 class Batch:
-    """A padded batch. ``mask``, ``behavior_logprobs``, ``versions`` are shifted ``[B, T-1]``."""
+    """A padded batch; ``loss_mask`` and ``behavior_logprobs`` are ``[B, T-1]`` (aligned to the
+    predicted tokens)."""
 
-    input_ids: Tensor  # [B, T] long
+    sequence_ids: Tensor  # [B, T] long
     attention_mask: Tensor  # [B, T] long
-    mask: Tensor  # [B, T-1] float, 1 on predicted policy tokens
+    loss_mask: Tensor  # [B, T-1] float, 1 on predicted policy tokens
     behavior_logprobs: Tensor  # [B, T-1]
-    versions: Tensor  # [B, T-1] long (-1 off the mask)
     rewards: Tensor  # [B]
+    truncated: Tensor  # [B] bool: the episode hit max_turns
     group_ids: list[str]
     lengths: list[int]
 
@@ -55,8 +78,8 @@ class Batch:
                 torch.ones_like(pad),
                 zero,
                 zero.clone(),
-                zero.long() - 1,
                 torch.zeros(1),
+                torch.zeros(1, dtype=torch.bool),
                 [""],
                 [2],
             )
@@ -64,12 +87,12 @@ class Batch:
         w = width or max(self.lengths[i] for i in index)
         w = max(w, 2)
         return Batch(
-            input_ids=self.input_ids[idx, :w],
+            sequence_ids=self.sequence_ids[idx, :w],
             attention_mask=self.attention_mask[idx, :w],
-            mask=self.mask[idx, : w - 1],
+            loss_mask=self.loss_mask[idx, : w - 1],
             behavior_logprobs=self.behavior_logprobs[idx, : w - 1],
-            versions=self.versions[idx, : w - 1],
             rewards=self.rewards[idx],
+            truncated=self.truncated[idx],
             group_ids=[self.group_ids[i] for i in index],
             lengths=[self.lengths[i] for i in index],
         )
@@ -79,27 +102,25 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     """Right-pad trajectories into one :class:`Batch`."""
     if not trajectories:
         raise ValueError("cannot collate an empty batch")
-    lengths = [max(len(t.token_ids), 2) for t in trajectories]
+    lengths = [max(len(t.sequence_ids), 2) for t in trajectories]
     B, T = len(trajectories), max(lengths)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    sequence_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T)
-    behav = torch.zeros(B, T)
-    vers = torch.full((B, T), -1, dtype=torch.long)
+    behavior_logprobs = torch.zeros(B, T)
     for i, t in enumerate(trajectories):
-        n = len(t.token_ids)
-        ids[i, :n] = torch.tensor(t.token_ids, dtype=torch.long)
+        n = len(t.sequence_ids)
+        sequence_ids[i, :n] = torch.tensor(t.sequence_ids, dtype=torch.long)
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        behav[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
-        vers[i, :n] = torch.tensor(t.versions, dtype=torch.long)
+        behavior_logprobs[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
     return Batch(
-        input_ids=ids,
+        sequence_ids=sequence_ids,
         attention_mask=attn,
-        mask=mask[:, 1:].contiguous(),
-        behavior_logprobs=behav[:, 1:].contiguous(),
-        versions=vers[:, 1:].contiguous(),
+        loss_mask=mask[:, 1:].contiguous(),
+        behavior_logprobs=behavior_logprobs[:, 1:].contiguous(),
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
         group_ids=[t.group_id for t in trajectories],
         lengths=lengths,
     )
@@ -159,3 +180,60 @@ def plan(
     mbs = [micro_batches(part, lengths, budget) for part in mine]
     count = max(1, *(len(m) for m in mbs))
     return mbs[rank] + [[] for _ in range(count - len(mbs[rank]))]
+
+
+# ---- log-probabilities of the tokens ----------------------------------------------------------
+
+
+@functools.cache
+def _trl_utils() -> ModuleType:
+    try:
+        import trl.trainer.utils as utils
+    except ImportError as e:  # pragma: no cover - trl is part of the train extra
+        raise DependencyError.missing("trl", "train") from e
+    return utils
+
+
+def _check_temperature(temperature: float) -> None:
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 (the sampling temperature)")
+
+
+def gather_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """``log_softmax(logits / temperature)`` at ``tokens``: ``[..., V]`` x ``[...]`` -> ``[...]``.
+
+    Divide by the temperature the tokens were *sampled* with, so that the learner's log-probs
+    match the inference server's.
+    """
+    _check_temperature(temperature)
+    return _trl_utils().selective_log_softmax(logits, tokens, temperature=temperature)
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: int = 128) -> Tensor:
+    """Entropy (nats) of ``softmax(logits / temperature)``: ``[..., V]`` -> ``[...]``."""
+    _check_temperature(temperature)
+    if temperature != 1.0:
+        logits = logits / temperature
+    return _trl_utils().entropy_from_logits(logits, chunk_size=chunk_size)
+
+
+def logprobs_and_entropy(
+    logits: Tensor, tokens: Tensor, temperature: float = 1.0, entropy_grad: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Both of the above in one pass over the logits; ``entropy_grad=False`` detaches it."""
+    _check_temperature(temperature)
+    return _trl_utils().selective_log_softmax_and_entropy(
+        logits, tokens, entropy_requires_grad=entropy_grad, temperature=temperature
+    )
+
+
+def sequence_logprobs(logits: Tensor, sequence_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """Causal-LM logits ``[B, T, V]`` and ids ``[B, T]`` -> ``[B, T - 1]``: position ``t`` holds
+    ``log p(sequence_ids[:, t + 1] | sequence_ids[:, :t + 1])``, aligned with the batch's
+    ``loss_mask`` and ``behavior_logprobs``."""
+    if logits.dim() != 3 or sequence_ids.shape != logits.shape[:2]:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} and sequence_ids {tuple(sequence_ids.shape)}: "
+            "expected [B, T, V] and [B, T]"
+        )
+    return gather_logprobs(logits[:, :-1], sequence_ids[:, 1:], temperature)

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.data import TaskRef, TaskStream
-from areal_agents.types import Trajectory
+from areal_agents.types import Trajectory, TrajectoryMetadata
 
 __all__ = [
     "BatchOrder",
@@ -98,9 +98,9 @@ class Group:
 
 
 def trajectory_to_dict(traj: Trajectory) -> dict[str, Any]:
-    """A JSON-able dict of a trajectory (metadata must be JSON-able too)."""
+    """A JSON-able dict of a trajectory."""
     return {
-        "token_ids": list(traj.token_ids),
+        "sequence_ids": list(traj.sequence_ids),
         "loss_mask": list(traj.loss_mask),
         "behavior_logprobs": list(traj.behavior_logprobs),
         "versions": list(traj.versions),
@@ -110,14 +110,15 @@ def trajectory_to_dict(traj: Trajectory) -> dict[str, Any]:
         "num_turns": traj.num_turns,
         "terminated": traj.terminated,
         "truncated": traj.truncated,
-        "metadata": dict(traj.metadata),
+        "metadata": traj.metadata.to_dict(),
     }
 
 
 def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
     """The inverse of :func:`trajectory_to_dict`."""
     return Trajectory(
-        token_ids=tuple(data["token_ids"]),
+        # "token_ids": checkpoints written before the field was named sequence_ids
+        sequence_ids=tuple(data["sequence_ids"] if "sequence_ids" in data else data["token_ids"]),
         loss_mask=tuple(data["loss_mask"]),
         behavior_logprobs=tuple(data["behavior_logprobs"]),
         versions=tuple(data["versions"]),
@@ -127,7 +128,7 @@ def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
         num_turns=int(data.get("num_turns", 0)),
         terminated=bool(data.get("terminated", True)),
         truncated=bool(data.get("truncated", False)),
-        metadata=dict(data.get("metadata", {})),
+        metadata=TrajectoryMetadata.from_dict(data.get("metadata", {})),
     )
 
 
@@ -138,7 +139,8 @@ class TrajectoryBuffer:
         groups_per_step: tasks (groups) in one training batch.
         max_staleness: how many versions behind the trained weights a token may be.
         data_seed: seed of the task stream.
-        dynamic_filter: drop groups whose rewards are all equal (no learning signal).
+        dynamic_sampling: drop groups whose rewards are all equal (no learning signal); their
+            slot goes to a new task (``algo.dynamic_sampling``).
         batch_order: ``"ready"`` (complete groups first, within every group's deadline) or
             ``"admission"`` (strict admission order: reproducible batches).
     """
@@ -149,7 +151,7 @@ class TrajectoryBuffer:
         max_staleness: int,
         *,
         data_seed: int = 0,
-        dynamic_filter: bool = False,
+        dynamic_sampling: bool = False,
         batch_order: BatchOrder = "ready",
     ) -> None:
         if groups_per_step < 1:
@@ -161,7 +163,7 @@ class TrajectoryBuffer:
         self.batch_order = batch_order
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
-        self.dynamic_filter = dynamic_filter
+        self.dynamic_sampling = dynamic_sampling
         self.stream = TaskStream(data_seed)
         self.version = 0
         self.trained_groups = 0
@@ -217,7 +219,7 @@ class TrajectoryBuffer:
             self.counters["dropped_groups"] += 1
             return "dropped"
         rewards = [t.reward for t in trajectories]
-        if self.dynamic_filter and len(set(rewards)) == 1:
+        if self.dynamic_sampling and len(set(rewards)) == 1:
             self.counters["filtered_groups"] += 1
             return "filtered"
         self._ready[index] = Group(

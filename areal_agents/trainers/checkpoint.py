@@ -10,6 +10,7 @@ groups), ``trainer.json`` (step, version, counters) and ``rng.pkl`` (the driver'
 
 >>> import tempfile
 >>> root = tempfile.mkdtemp()
+>>> from areal_agents.files import read_json, write_json
 >>> ckpt = CheckpointManager(root, keep=2)
 >>> for step in (1, 2, 3):
 ...     tmp = ckpt.begin(step)
@@ -23,45 +24,27 @@ groups), ``trainer.json`` (step, version, counters) and ``rng.pkl`` (the driver'
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from areal_agents.files import fsync_directory
+
 __all__ = [
     "CheckpointManager",
     "capture_rng",
     "load_rng",
-    "read_json",
     "restore_rng",
     "save_rng",
-    "write_json",
 ]
 
 _NAME = re.compile(r"^step_(\d{6,})$")
-
-
-def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON atomically (temporary file in the same directory, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
-
-
-def read_json(path: str | os.PathLike[str]) -> Any:
-    with open(path) as f:
-        return json.load(f)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -132,7 +115,7 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_directory(self.root)
         for stale in self.all()[: -self.keep]:
             shutil.rmtree(stale, ignore_errors=True)
         return final
@@ -152,11 +135,3 @@ class CheckpointManager:
         if match is None:
             raise ValueError(f"{path} is not a checkpoint directory")
         return int(match.group(1))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

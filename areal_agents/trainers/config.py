@@ -10,7 +10,7 @@ server starts.
 
 >>> from areal_agents.config import load_config
 >>> cfg = load_config(TrainConfig, ["env=calculator", "trainer.mode=sync", "model=tiny"])
->>> cfg.env.name, cfg.trainer.staleness, cfg.model.name
+>>> cfg.env.name, cfg.trainer.effective_max_staleness, cfg.model.name
 ('calculator', 0, 'tiny')
 """
 
@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from areal_agents.config import check_numbers
+from areal_agents.envs.registry import builtin_env
 from areal_agents.errors import ConfigError
+from areal_agents.serving.engines import get_engine
+from areal_agents.trainers.advantages import get_advantage_estimator
 from areal_agents.trainers.algorithms import AlgoConfig
 
 __all__ = [
@@ -64,14 +67,10 @@ class EnvConfig:
 
     @classmethod
     def from_name(cls, name: str) -> EnvConfig:
-        """``env=NAME``: a preset sized for a small CPU machine; the name is checked at start."""
-        presets: dict[str, dict[str, Any]] = {
-            "code_sandbox": {"max_turns": 2},
-            "math_python": {"max_turns": 2},
-            "search": {"max_turns": 3},
-            "calculator": {"max_turns": 2},
-        }
-        return cls(name=name, **presets.get(name, {}))
+        """``env=NAME``: a built-in environment's preset sized for a small CPU machine (its
+        ``train_max_turns``), or any other id as it is; the name is checked at start."""
+        builtin = builtin_env(name)
+        return cls(name=name, max_turns=builtin.train_max_turns if builtin else None)
 
     def make_kwargs(self) -> dict[str, Any]:
         """The keyword arguments for ``make_env``."""
@@ -143,8 +142,6 @@ class TrainerConfig:
     max_concurrent_groups: int | None = None
     """Groups a rollout worker runs at the same time (each runs ``group_size`` episodes);
     None: ``groups_per_step`` (one batch generating while the learner trains the last)."""
-    dynamic_filter: bool = False
-    """Drop groups whose rewards are all equal (no learning signal) and sample more."""
     checkpoint_every: int = 1
     """Steps between checkpoints (0: only at the end)."""
     keep_checkpoints: int = 2
@@ -210,8 +207,8 @@ class TrainerConfig:
         return self.max_concurrent_groups or self.groups_per_step
 
     @property
-    def staleness(self) -> int:
-        """The staleness bound in force."""
+    def effective_max_staleness(self) -> int:
+        """The ``max_staleness`` in force (its default resolved for the mode)."""
         if self.max_staleness is not None:
             return self.max_staleness
         return 0 if self.mode == "sync" else 2
@@ -221,8 +218,9 @@ class TrainerConfig:
 class InferenceConfig:
     """The inference servers that generate rollouts and receive new weights."""
 
-    engine: Literal["builtin", "vllm"] = "builtin"
-    """``builtin`` (transformers, starts in seconds) or ``vllm`` (stock vLLM server)."""
+    engine: str = "builtin"
+    """``builtin`` (transformers, starts in seconds) or ``vllm`` (stock vLLM server); any
+    engine in ``areal_agents.serving.engines``."""
     num_servers: int = 1
     """Inference servers; rollout workers spread their requests over them."""
     max_tokens: int = 64
@@ -251,15 +249,16 @@ class InferenceConfig:
 
     def __post_init__(self) -> None:
         check_numbers(self, "inference")
+        engine = get_engine(self.engine)
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ConfigError(
                 f"inference.torch_threads={self.torch_threads}: must be at least 1 "
                 "(or null to keep the inherited setting)"
             )
-        if self.torch_threads is not None and self.engine == "vllm":
+        if self.torch_threads is not None and engine.torch_threads_note is not None:
             raise ConfigError(
-                "inference.torch_threads applies to the built-in server only; vLLM on CPU "
-                "takes its threads from VLLM_CPU_OMP_THREADS_BIND (drop inference.torch_threads)"
+                f"inference.torch_threads does not apply to inference.engine={self.engine}: "
+                f"{engine.torch_threads_note} (drop inference.torch_threads)"
             )
         if self.num_servers < 1:
             raise ConfigError(f"inference.num_servers={self.num_servers}: must be at least 1")
@@ -274,10 +273,8 @@ class InferenceConfig:
 
     @classmethod
     def from_name(cls, name: str) -> InferenceConfig:
-        """``inference=builtin|vllm``."""
-        if name not in ("builtin", "vllm"):
-            raise ConfigError(f"inference={name!r}: choose builtin or vllm")
-        return cls(engine=name)  # type: ignore[arg-type]
+        """``inference=builtin|vllm`` (any registered engine)."""
+        return cls(engine=get_engine(name).name)
 
 
 @dataclass
@@ -346,8 +343,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_numbers(self.algo, "algo")  # AlgoConfig checks ranges; NaN and inf are caught here
-        use_group = getattr(self.algo, "advantage", "") in ("grpo", "dr_grpo", "rloo")
-        if use_group and self.env.group_size < 2:
+        if self.algo.overlong_buffer > self.inference.max_tokens:
+            raise ConfigError(
+                f"algo.overlong_buffer={self.algo.overlong_buffer} exceeds inference.max_tokens="
+                f"{self.inference.max_tokens}: the penalty zone must fit in one turn; lower "
+                "algo.overlong_buffer or raise inference.max_tokens"
+            )
+        groupwise = get_advantage_estimator(self.algo.advantage).groupwise
+        if groupwise and self.env.group_size < 2:
             raise ConfigError(
                 f"algo={getattr(self.algo, 'name', self.algo.advantage)} compares samples of a "
                 f"group: set env.group_size to 2 or more (got {self.env.group_size})"

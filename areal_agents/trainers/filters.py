@@ -1,74 +1,42 @@
-"""Batch filters a trainer applies before computing advantages (DAPO's tricks and friends).
+"""Reward shaping and loss masking a learner applies to a batch before its advantages (DAPO).
 
-* Dynamic sampling: a group whose rewards are all equal has zero group-relative advantage and
-  only dilutes the batch; :func:`uniform_group_mask` / :func:`drop_uniform_groups` drop it.
-* Soft overlong punishment: :func:`overlong_penalty` lowers the reward linearly over the last
-  ``buffer`` tokens before the length limit, down to ``-penalty`` past it.
-* Overlong filtering: :func:`truncation_mask` removes truncated episodes from the loss (their
-  reward still counts in their group's baseline).
+* Soft overlong punishment (``algo.overlong_buffer``, ``algo.overlong_penalty``): a trajectory
+  whose longest assistant turn comes within ``buffer`` tokens of the per-turn limit loses
+  reward linearly, down to ``-penalty`` at the limit (:func:`overlong_penalty`). A turn is a run
+  of policy tokens (the environment's tokens separate turns): :func:`longest_turn`.
+* Overlong filtering (``algo.mask_truncated``): a truncated episode gets no loss
+  (:func:`truncation_mask`); its reward still counts in its group's baseline.
 
-:func:`apply_filters` runs the three on a list of trajectories as an ``AlgoConfig`` asks.
-Each function is pure: it returns new objects and never changes its inputs.
+:func:`shape_batch` applies both as the config asks; every rank of the learner applies it to
+the whole batch, identically. Dynamic sampling (``algo.dynamic_sampling``) is not here: it
+decides which groups are trained at all, so the trajectory buffer drops uniform groups and
+admits other tasks in their place. Each function is pure.
 
->>> uniform_group_mask(torch.tensor([1.0, 1.0, 0.0, 1.0]), ["a", "a", "b", "b"]).tolist()
-[False, False, True, True]
 >>> overlong_penalty(torch.tensor([10, 14, 16, 20]), max_len=16, buffer=4).tolist()
 [0.0, -0.5, -1.0, -1.0]
+>>> longest_turn(torch.tensor([[0, 1, 1, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0]])).tolist()
+[3, 0]
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from areal_agents.trainers.advantages import group_index, group_stats
-from areal_agents.types import Trajectory
-
-if TYPE_CHECKING:
-    from areal_agents.trainers.algorithms import AlgoConfig
-
-__all__ = [
-    "FilterStats",
-    "apply_filters",
-    "drop_uniform_groups",
-    "overlong_penalty",
-    "truncation_mask",
-    "uniform_group_mask",
-]
+__all__ = ["FilterKnobs", "longest_turn", "overlong_penalty", "shape_batch", "truncation_mask"]
 
 
-def uniform_group_mask(rewards: Tensor, group_ids: Sequence[str], tol: float = 0.0) -> Tensor:
-    """``[B]`` bool: True for samples whose group's rewards differ by more than ``tol``.
+class FilterKnobs(Protocol):
+    """The algorithm settings the batch filters read (``AlgoConfig`` provides them)."""
 
-    A group of one sample counts as uniform (it has nothing to compare against).
-    """
-    idx = group_index(list(group_ids), device=rewards.device)
-    r = rewards.to(torch.float64)
-    num = int(idx.max().item()) + 1 if idx.numel() else 0
-    hi = torch.full((num,), -torch.inf, dtype=r.dtype, device=r.device)
-    lo = torch.full((num,), torch.inf, dtype=r.dtype, device=r.device)
-    hi = hi.scatter_reduce(0, idx, r, "amax")  # [G]
-    lo = lo.scatter_reduce(0, idx, r, "amin")  # [G]
-    _, _, size = group_stats(r, idx)
-    return ((hi - lo)[idx] > tol) & (size > 1)
-
-
-def drop_uniform_groups(
-    trajectories: Sequence[Trajectory], tol: float = 0.0
-) -> tuple[list[Trajectory], int]:
-    """The trajectories of groups with reward spread, and how many groups were dropped."""
-    if not trajectories:
-        return [], 0
-    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
-    ids = [t.group_id for t in trajectories]
-    keep = uniform_group_mask(rewards, ids, tol).tolist()
-    dropped = len({g for g, k in zip(ids, keep, strict=True) if not k})
-    return [t for t, k in zip(trajectories, keep, strict=True) if k], dropped
+    @property
+    def overlong_buffer(self) -> int: ...
+    @property
+    def overlong_penalty(self) -> float: ...
+    @property
+    def mask_truncated(self) -> bool: ...
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> Tensor:
@@ -84,59 +52,44 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float 
     return (0.0 - penalty * over / buffer).to(torch.float32)  # 0.0 - x: no -0.0
 
 
+def longest_turn(loss_mask: Tensor) -> Tensor:
+    """``[B]``: the longest run of consecutive policy tokens in each row of ``[B, T]``."""
+    on = loss_mask.bool()
+    pos = torch.arange(on.shape[1], device=on.device).expand_as(on)
+    last_off = torch.where(on, torch.full_like(pos, -1), pos).cummax(dim=1).values  # [B, T]
+    run = torch.where(on, pos - last_off, torch.zeros_like(pos))  # [B, T]
+    return run.max(dim=1).values if on.shape[1] else torch.zeros(on.shape[0], dtype=torch.long)
+
+
 def truncation_mask(mask: Tensor, truncated: Tensor) -> Tensor:
     """``mask`` with the rows of truncated episodes zeroed: no loss from them (overlong filter)."""
     return mask * (~truncated.bool())[:, None].to(mask.dtype)
 
 
-@dataclass(frozen=True)
-class FilterStats:
-    """What :func:`apply_filters` did to one batch (for logging)."""
+def shape_batch(
+    cfg: FilterKnobs,
+    rewards: Tensor,
+    loss_mask: Tensor,
+    truncated: Tensor,
+    max_response_tokens: int | None,
+) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """``(rewards [B], loss_mask [B, T], metrics)`` after the overlong penalty and filtering.
 
-    groups_in: int
-    groups_dropped: int
-    samples_dropped: int
-    samples_penalised: int
-    samples_masked: int
-
-
-def apply_filters(
-    cfg: AlgoConfig,
-    trajectories: Sequence[Trajectory],
-    max_response_tokens: int | None = None,
-) -> tuple[list[Trajectory], FilterStats]:
-    """Overlong penalty, then overlong filtering, then dynamic sampling, as ``cfg`` says.
-
-    The response length is a trajectory's number of policy tokens (all turns together);
-    ``max_response_tokens`` is needed only when ``cfg.overlong_buffer > 0``. Dynamic sampling
-    looks at the rewards *after* the penalty, i.e. the ones the advantages will see. Overlong
-    filtering zeroes a truncated trajectory's loss mask instead of dropping it, so its reward
-    still counts in its group's baseline.
+    ``max_response_tokens`` is the per-turn limit (needed when ``cfg.overlong_buffer > 0``).
+    Metrics: ``filter/overlong_penalty`` (the mean penalty added to the rewards),
+    ``filter/overlong_rows`` and ``filter/truncated_masked_rows`` (rows affected).
     """
-    out = list(trajectories)
-    penalised = masked = 0
+    metrics: dict[str, float] = {}
     if cfg.overlong_buffer > 0:
         if max_response_tokens is None:
-            raise ValueError("algo.overlong_buffer > 0 needs max_response_tokens (the length cap)")
-        lengths = torch.tensor([t.num_policy_tokens for t in out], dtype=torch.long)
+            raise ValueError("algo.overlong_buffer > 0 needs the per-turn token limit")
         pen = overlong_penalty(
-            lengths, max_response_tokens, cfg.overlong_buffer, cfg.overlong_penalty
-        ).tolist()
-        penalised = sum(p < 0 for p in pen)
-        out = [
-            dataclasses.replace(t, reward=t.reward + p) if p < 0 else t
-            for t, p in zip(out, pen, strict=True)
-        ]
+            longest_turn(loss_mask), max_response_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+        ).to(rewards.dtype)  # [B]
+        rewards = rewards + pen
+        metrics["filter/overlong_penalty"] = float(pen.mean())
+        metrics["filter/overlong_rows"] = float((pen < 0).sum())
     if cfg.mask_truncated:
-        masked = sum(t.truncated for t in out)
-        out = [
-            dataclasses.replace(t, loss_mask=(0,) * len(t.loss_mask)) if t.truncated else t
-            for t in out
-        ]
-    groups_in = len({t.group_id for t in out})
-    dropped_groups = 0
-    n_before = len(out)
-    if cfg.dynamic_sampling:
-        out, dropped_groups = drop_uniform_groups(out)
-    stats = FilterStats(groups_in, dropped_groups, n_before - len(out), penalised, masked)
-    return out, stats
+        loss_mask = truncation_mask(loss_mask, truncated)
+        metrics["filter/truncated_masked_rows"] = float(truncated.bool().sum())
+    return rewards, loss_mask, metrics

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from typing import Any
 
 import torch
@@ -24,20 +23,12 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import fully_shard
 
 __all__ = [
-    "free_port",
     "full_model_state",
     "full_optimizer_state",
     "init_distributed",
     "load_full_state",
     "shard_model",
 ]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (for the process-group rendezvous)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def init_distributed(

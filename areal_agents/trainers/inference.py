@@ -1,9 +1,11 @@
 """Inference servers for training, and the weight push that follows every optimizer step.
 
-Servers come from ``policies`` (the built-in server or the vLLM launcher; both speak the same
-weight-sync methods). On a local Ray instance the driver starts them as child processes bound to
-127.0.0.1; attached to a cluster (``ray.address=...``) each server is started inside a Ray actor
-that reserves ``inference.gpus_per_server`` GPUs, so Ray places it on a GPU node.
+Servers come from the engine registry (``inference.engine``: the built-in server or the vLLM
+launcher, :mod:`areal_agents.serving.engines`) and implement
+:class:`~areal_agents.serving.base.InferenceServer`. On a local Ray instance the driver starts
+them as child processes bound to 127.0.0.1; attached to a cluster (``ray.address=...``) each
+server is started inside a Ray actor that reserves ``inference.gpus_per_server`` GPUs, so Ray
+places it on a GPU node.
 ``inference.torch_threads`` sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in each server's
 environment (a built-in server reports the count it runs with on ``/health``).
 
@@ -20,15 +22,17 @@ import concurrent.futures
 import logging
 import shutil
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from areal_agents.errors import WeightSyncError
+from areal_agents.serving.base import InferenceServer
+from areal_agents.serving.engines import get_engine
 from areal_agents.trainers.config import InferenceConfig
 from areal_agents.trainers.runtime import remote_class
 
 __all__ = [
-    "InferenceServer",
     "WeightSync",
     "server_torch_threads",
     "start_servers",
@@ -37,22 +41,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class InferenceServer(Protocol):
-    """What training needs from a server (``policies.server`` / ``policies.vllm`` provide it)."""
-
-    base_url: str
-
-    def update_weights_from_disk(self, path: str, version: int, timeout: float) -> None: ...
-
-    def update_weights_from_state_dict(
-        self, state: dict[str, Any], version: int, timeout: float
-    ) -> None: ...
-
-    def weight_version(self) -> int: ...
-
-    def stop(self) -> None: ...
 
 
 def _create(
@@ -65,16 +53,8 @@ def _create(
         "extra_args": list(cfg.extra_args),
         "log_path": log_path,
     }
-    if cfg.engine == "vllm":
-        from areal_agents.policies.vllm import VLLMServer
-
-        cls: Any = VLLMServer
-    else:
-        from areal_agents.policies.server import BuiltinServer
-
-        cls = BuiltinServer
-    # both launchers end their server with this process (die_with_parent, on by default)
-    server = cls(model_dir, **kwargs)
+    # the launchers end their server with this process (die_with_parent, on by default)
+    server = get_engine(cfg.engine).server_class()(model_dir, **kwargs)
     server.extra_env = thread_env(cfg)
     return server
 
@@ -86,7 +66,7 @@ def thread_env(cfg: InferenceConfig) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(cfg.torch_threads), "MKL_NUM_THREADS": str(cfg.torch_threads)}
 
 
-def server_torch_threads(servers: list[Any]) -> list[int | None]:
+def server_torch_threads(servers: list[InferenceServer]) -> list[int | None]:
     """Torch threads each server reports on ``/health`` (None where it reports none: vLLM)."""
     import httpx
 
@@ -119,8 +99,8 @@ class _ServerHost:
     def base_url(self) -> str:
         return str(self.server.base_url)
 
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.server, method)(*args)
+    def call(self, method: str, **kwargs: Any) -> Any:
+        return getattr(self.server, method)(**kwargs)
 
 
 class _RemoteServer:
@@ -133,28 +113,42 @@ class _RemoteServer:
         self.handle = handle
         self.base_url = str(ray.get(handle.base_url.remote()))
 
-    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
-        ref = self.handle.call.remote(method, *args)
+    def _call(self, method: str, wait_s: float, **kwargs: Any) -> Any:
+        ref = self.handle.call.remote(method=method, **kwargs)
         try:
-            return self._ray.get(ref, timeout=timeout)
+            return self._ray.get(ref, timeout=wait_s)
         except self._ray.exceptions.GetTimeoutError:
             where = self.base_url
-            raise WeightSyncError(f"{method} on {where} timed out after {timeout}s") from None
+            raise WeightSyncError(f"{method} on {where} timed out after {wait_s}s") from None
 
     def update_weights_from_disk(self, path: str, version: int, timeout: float) -> None:
-        self._call("update_weights_from_disk", path, version, timeout, timeout=timeout + 30)
+        self._call(
+            "update_weights_from_disk", timeout + 30, path=path, version=version, timeout=timeout
+        )
 
     def update_weights_from_state_dict(
-        self, state: dict[str, Any], version: int, timeout: float
+        self, state: Mapping[str, Any], version: int, timeout: float
     ) -> None:
-        self._call("update_weights_from_state_dict", state, version, timeout, timeout=timeout + 30)
+        self._call(
+            "update_weights_from_state_dict",
+            timeout + 30,
+            state=state,
+            version=version,
+            timeout=timeout,
+        )
 
     def weight_version(self) -> int:
-        return int(self._call("weight_version", timeout=60))
+        return int(self._call("weight_version", wait_s=60))
+
+    def pause(self) -> None:
+        self._call("pause", wait_s=90)
+
+    def resume(self) -> None:
+        self._call("resume", wait_s=60)
 
     def stop(self) -> None:
         try:
-            self._call("stop", timeout=60)
+            self._call("stop", wait_s=60)
         finally:
             self._ray.kill(self.handle)
 
@@ -166,7 +160,7 @@ def start_servers(
     *,
     on_cluster: bool,
     log_dir: Path | None = None,
-) -> list[Any]:
+) -> list[InferenceServer]:
     """Start ``cfg.num_servers`` servers on ``model_dir`` and wait until they answer."""
     if not on_cluster:
         servers = []
@@ -185,11 +179,14 @@ def start_servers(
         return servers
 
     host = remote_class(_ServerHost).options(num_cpus=0, num_gpus=cfg.gpus_per_server)
-    handles = [host.remote(cfg, str(model_dir), served_name) for _ in range(cfg.num_servers)]
+    handles = [
+        host.remote(cfg=cfg, model_dir=str(model_dir), name=served_name)
+        for _ in range(cfg.num_servers)
+    ]
     return [_RemoteServer(h) for h in handles]
 
 
-def stop_servers(servers: list[Any]) -> None:
+def stop_servers(servers: list[InferenceServer]) -> None:
     for server in servers:
         try:
             server.stop()
@@ -198,9 +195,15 @@ def stop_servers(servers: list[Any]) -> None:
 
 
 class WeightSync:
-    """Pushes each new version from the learners to every server, with a time limit."""
+    """Pushes each new version from the learners to every server, with a time limit.
 
-    def __init__(self, cfg: InferenceConfig, servers: list[Any], weights_dir: Path) -> None:
+    The one thing called ``WeightSync``: the trainer's push. What a server must offer for it
+    is :class:`~areal_agents.serving.base.InferenceServer`.
+    """
+
+    def __init__(
+        self, cfg: InferenceConfig, servers: list[InferenceServer], weights_dir: Path
+    ) -> None:
         self.cfg = cfg
         self.servers = servers
         self.weights_dir = weights_dir
@@ -216,7 +219,9 @@ class WeightSync:
         if self.cfg.weight_sync == "disk":
             target = self.weights_dir / f"v{version:06d}"
             learners.export_weights(target)
-            calls = [(s.update_weights_from_disk, str(target)) for s in self.servers]
+            calls: list[tuple[Callable[..., None], Any]] = [
+                (s.update_weights_from_disk, str(target)) for s in self.servers
+            ]
         else:
             state = learners.full_state()
             calls = [(s.update_weights_from_state_dict, state) for s in self.servers]

@@ -2,15 +2,20 @@
 the algorithms library, and steps the optimizer.
 
 One :class:`Learner` runs per rank (a Ray actor, see :class:`LearnerGroup` in
-``trainers/learner_group.py``). Every rank receives the whole batch; advantages are computed on
-the whole batch (identically on every rank), rows are split over ranks by tokens, and each
-micro-batch's loss uses the *global* normaliser of its minibatch, times the world size (FSDP
-averages gradients over ranks): the update is the same for any number of ranks and any
-micro-batch budget, up to floating-point summation order.
+``trainers/learner_group.py``). Every rank receives the whole batch, shapes its rewards and
+loss mask (``trainers/filters.py``) and computes advantages on it (identically on every rank);
+rows are split over ranks by tokens, and each micro-batch's loss uses the *global* normaliser
+of its minibatch (``losses.aggregation_normalizer``), times the world size (FSDP averages
+gradients over ranks): the update is the same for any number of ranks and any micro-batch
+budget, up to floating-point summation order. What to compute before the first update
+(proximal and reference log-probs, critic values) is what ``AlgoConfig.needs`` says, from the
+declarations of the chosen loss and estimator. With ``algo.baseline=running`` the learner owns
+the :class:`~areal_agents.trainers.advantages.RunningBaseline` and checkpoints it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -21,26 +26,27 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from areal_agents.net import free_port
 from areal_agents.trainers import fsdp
-from areal_agents.trainers.algorithms import (
-    AlgoConfig,
-    compute_advantages,
-    compute_policy_loss,
-    compute_value_loss,
+from areal_agents.trainers.advantages import RunningBaseline, compute_advantages
+from areal_agents.trainers.algorithms import AlgoConfig, Needs
+from areal_agents.trainers.batching import (
+    Batch,
+    collate,
+    logprobs_and_entropy,
+    plan,
+    sequence_logprobs,
+    split_minibatches,
 )
-from areal_agents.trainers.batching import Batch, collate, plan, split_minibatches
 from areal_agents.trainers.checkpoint import capture_rng, restore_rng
 from areal_agents.trainers.config import ModelConfig, TrainerConfig
-from areal_agents.trainers.logprobs import gather_logprobs, logprobs_and_entropy
+from areal_agents.trainers.critic import compute_value_loss
+from areal_agents.trainers.filters import shape_batch
+from areal_agents.trainers.losses import aggregation_normalizer, compute_policy_loss
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
 from areal_agents.types import Trajectory
 
-__all__ = ["Learner", "LearnerSpec", "token_logprobs"]
-
-
-def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> Tensor:
-    """Log-probs ``[B, T-1]`` of tokens ``1..T-1`` under ``logits[:, :-1]``."""
-    return gather_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)
+__all__ = ["Learner", "LearnerSpec", "Prepass"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,21 @@ class LearnerSpec:
     rank: int
     world_size: int
     use_gpu: bool = False
+    max_response_tokens: int | None = None
+    """The per-turn token limit of the rollouts (``inference.max_tokens``; overlong penalty)."""
+
+
+@dataclass(frozen=True)
+class Prepass:
+    """What the learner computes on the whole batch before any weight changes (``[B, T-1]``,
+    None where the algorithm does not need it)."""
+
+    proximal_logprobs: Tensor | None = None
+    """The step-start policy's log-probs (a loss with ``proximal="step_start"``, >1 update)."""
+    ref_logprobs: Tensor | None = None
+    """The reference policy's log-probs (``algo.kl_coef > 0``)."""
+    old_values: Tensor | None = None
+    """The critic's values (an estimator that needs a critic)."""
 
 
 def _lr_factor(cfg: TrainerConfig, step: int) -> float:
@@ -81,6 +102,9 @@ class Learner:
         self.model: Any = None
         self.critic: ValueModel | None = None
         self.ref: Any = None
+        self.updates_per_step = spec.trainer.ppo_epochs * spec.trainer.minibatches
+        self.needs: Needs = spec.algo.needs(self.updates_per_step)
+        self.baseline = RunningBaseline() if spec.algo.baseline == "running" else None
 
     # ---- set-up ----------------------------------------------------------------------------
 
@@ -92,7 +116,7 @@ class Learner:
         return "127.0.0.1" if ip in ("127.0.0.1", "localhost") else ip
 
     def free_port(self) -> int:
-        return fsdp.free_port(self.address())
+        return free_port(self.address())
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the process group, load and shard the models, build the optimizers."""
@@ -111,11 +135,11 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: _lr_factor(cfg, s)
         )
-        if spec.algo.use_critic:
+        if self.needs.critic:
             critic = ValueModel(path, spec.model.dtype).to(self.device)
             self.critic = fsdp.shard_model(critic, critic.layers)  # type: ignore[assignment]
             self.critic_optimizer = self._adamw(critic.parameters())
-        if spec.algo.needs_ref:
+        if self.needs.reference:
             ref = load_policy(path, spec.model.dtype).to(self.device)
             ref.requires_grad_(False)
             self.ref = fsdp.shard_model(ref, decoder_layers(ref))
@@ -140,29 +164,34 @@ class Learner:
         """One optimizer step (or ``epochs x minibatches`` updates) on ``trajectories``."""
         spec, cfg, algo = self.spec, self.spec.trainer, self.spec.algo
         batch = collate(trajectories, self.pad_id)
+        rewards, loss_mask, shaped = shape_batch(
+            algo, batch.rewards, batch.loss_mask, batch.truncated, spec.max_response_tokens
+        )
+        batch = dataclasses.replace(batch, rewards=rewards, loss_mask=loss_mask)
         everything = list(range(len(trajectories)))
         budget = cfg.micro_batch_tokens
-        updates = cfg.ppo_epochs * cfg.minibatches
-        # Decoupled PPO takes its trust region around the weights at the start of the step:
-        # with one update they are the current weights (detached); with more, a no-grad pass.
-        recompute = algo.loss == "decoupled_ppo" and updates > 1
         everyone = plan(everything, batch.lengths, spec.world_size, spec.rank, budget)
-        pre = self._prepass(batch, everyone, proximal=recompute)
+        pre = self._prepass(batch, everyone)
         adv, returns = compute_advantages(
             algo,
             batch.rewards,
-            batch.mask,
+            batch.loss_mask,
             batch.group_ids,
-            pre.get("values"),
-            old_logprobs=batch.behavior_logprobs,
-            ref_logprobs=pre.get("ref"),
+            pre.old_values,
+            behavior_logprobs=batch.behavior_logprobs,
+            ref_logprobs=pre.ref_logprobs,
+            baseline=self.baseline,
         )
         sums: dict[str, float] = defaultdict(float)
         minibatches = split_minibatches(batch.group_ids, cfg.minibatches)
         for _ in range(cfg.ppo_epochs):
             for rows in minibatches:
                 mbs = plan(rows, batch.lengths, spec.world_size, spec.rank, budget)
-                norm = self._normalizer(batch, rows)
+                norm = float(
+                    aggregation_normalizer(
+                        batch.loss_mask[rows], algo.aggregation, norm_tokens=algo.norm_tokens
+                    )
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.critic is not None:
                     self.critic_optimizer.zero_grad(set_to_none=True)
@@ -175,54 +204,48 @@ class Learner:
                     )
         self.scheduler.step()
         self.step += 1
-        metrics = self._reduce(sums, updates)
+        metrics = self._reduce(sums, self.updates_per_step)
+        metrics.update(shaped)
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
-        metrics["advantage/abs_mean"] = float(adv.abs().sum() / batch.mask.sum().clamp(min=1))
+        mask_total = batch.loss_mask.sum().clamp(min=1)
+        metrics["advantage/abs_mean"] = float(adv.abs().sum() / mask_total)
+        if self.baseline is not None:
+            metrics["baseline/running"] = self.baseline.value
         return metrics
 
-    def _normalizer(self, batch: Batch, rows: list[int]) -> float:
-        """The aggregation's denominator over the whole minibatch (all ranks)."""
-        algo = self.spec.algo
-        mask = batch.mask[rows]
-        if algo.aggregation == "token_mean":
-            return float(mask.sum().clamp(min=1.0))
-        if algo.aggregation == "seq_mean_token_mean":
-            return float((mask.sum(1) > 0).sum().clamp(min=1))
-        length = algo.norm_tokens or batch.mask.shape[1]
-        return float(len(rows) * length)
-
     def _forward(self, model: Any, mb: Batch) -> Tensor:
-        ids = mb.input_ids.to(self.device)
+        ids = mb.sequence_ids.to(self.device)
         return model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits
 
     @torch.no_grad()
-    def _prepass(self, batch: Batch, mbs: list[list[int]], proximal: bool) -> dict[str, Tensor]:
-        """Tensors the advantages or later updates need before any weight changes:
-        proximal log-probs (several updates per step), reference log-probs, old values."""
-        algo = self.spec.algo
-        wanted = {"proximal": proximal, "ref": algo.needs_ref, "values": algo.use_critic}
+    def _prepass(self, batch: Batch, mbs: list[list[int]]) -> Prepass:
+        """The tensors of :class:`Prepass` that ``self.needs`` asks for, on the whole batch."""
+        wanted = {
+            "proximal_logprobs": self.needs.proximal_pass,
+            "ref_logprobs": self.needs.reference,
+            "old_values": self.needs.critic,
+        }
         if not any(wanted.values()):
-            return {}
+            return Prepass()
         local: dict[str, list[tuple[list[int], Tensor]]] = defaultdict(list)
-        width = batch.input_ids.shape[1]
+        width = batch.sequence_ids.shape[1]
         for mb_rows in mbs:
             mb = batch.rows(mb_rows, width)
-            if wanted["proximal"]:
-                lp = token_logprobs(
-                    self._forward(self.model, mb),
-                    mb.input_ids.to(self.device),
-                    self.spec.temperature,
+            sequence_ids = mb.sequence_ids.to(self.device)
+            if wanted["proximal_logprobs"]:
+                logprobs = sequence_logprobs(
+                    self._forward(self.model, mb), sequence_ids, self.spec.temperature
                 )
-                local["proximal"].append((mb_rows, lp.float().cpu()))
-            if wanted["ref"]:
-                lp = token_logprobs(
-                    self._forward(self.ref, mb), mb.input_ids.to(self.device), self.spec.temperature
+                local["proximal_logprobs"].append((mb_rows, logprobs.float().cpu()))
+            if wanted["ref_logprobs"]:
+                logprobs = sequence_logprobs(
+                    self._forward(self.ref, mb), sequence_ids, self.spec.temperature
                 )
-                local["ref"].append((mb_rows, lp.float().cpu()))
-            if wanted["values"]:
+                local["ref_logprobs"].append((mb_rows, logprobs.float().cpu()))
+            if wanted["old_values"]:
                 assert self.critic is not None
-                v = self.critic(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))
-                local["values"].append((mb_rows, v[:, :-1].float().cpu()))
+                v = self.critic(sequence_ids, mb.attention_mask.to(self.device))
+                local["old_values"].append((mb_rows, v[:, :-1].float().cpu()))
         gathered: list[Any] = [None] * self.spec.world_size
         dist.all_gather_object(gathered, dict(local))
         out: dict[str, Tensor] = {}
@@ -235,7 +258,7 @@ class Learner:
                     if rows:
                         full[rows] = values
             out[key] = full
-        return out
+        return Prepass(**out)
 
     def _micro_step(
         self,
@@ -243,54 +266,49 @@ class Learner:
         rows: list[int],
         adv: Tensor,
         returns: Tensor | None,
-        pre: dict[str, Tensor],
+        pre: Prepass,
         norm: float,
         sums: dict[str, float],
     ) -> None:
         spec, algo = self.spec, self.spec.algo
         mb = batch.rows(rows)
-        w = mb.mask.shape[1]
+        w = mb.loss_mask.shape[1]
         dev = self.device
 
         def take(t: Tensor) -> Tensor:
-            return (t[rows, :w] if rows else torch.zeros_like(mb.mask)).to(dev)
+            return (t[rows, :w] if rows else torch.zeros_like(mb.loss_mask)).to(dev)
 
         def maybe(t: Tensor | None) -> Tensor | None:
             return None if t is None else take(t)
 
-        mask = mb.mask.to(dev)
+        mask = mb.loss_mask.to(dev)
         logits = self._forward(self.model, mb)
         logprobs, entropy = logprobs_and_entropy(
             logits[:, :-1],
-            mb.input_ids[:, 1:].to(dev),
+            mb.sequence_ids[:, 1:].to(dev),
             spec.temperature,
             entropy_grad=algo.entropy_coef > 0,
         )
         del logits
-        behavior = mb.behavior_logprobs.to(dev)
-        proximal = maybe(pre.get("proximal"))
-        if proximal is None:
-            # ppo_clip: textbook PPO, the ratio is taken against the sampling policy;
-            # decoupled_ppo (one update) and reinforce: the current weights, detached.
-            proximal = behavior if algo.loss == "ppo_clip" else logprobs.detach()
+        # proximal: recomputed when the loss asked for it, else the loss's own choice (None)
         loss, metrics = compute_policy_loss(
             algo,
             logprobs,
-            proximal,
-            behavior,
+            maybe(pre.proximal_logprobs),
+            mb.behavior_logprobs.to(dev),
             take(adv),
             mask,
-            ref_logprobs=maybe(pre.get("ref")) if not algo.kl_in_reward else None,
+            ref_logprobs=maybe(pre.ref_logprobs),  # in the loss unless algo.kl_in_reward
             entropy=entropy,
             normalizer=norm,
         )
         (loss * spec.world_size).backward()
-        if self.critic is not None and returns is not None:
-            values = self.critic(mb.input_ids.to(dev), mb.attention_mask.to(dev))[:, :-1]
+        if self.critic is not None and returns is not None and pre.old_values is not None:
+            values = self.critic(mb.sequence_ids.to(dev), mb.attention_mask.to(dev))[:, :-1]
             vloss, vmetrics = compute_value_loss(
                 algo,
                 values,
-                take(pre["values"]),
+                take(pre.old_values),
                 take(returns),
                 mask,
                 normalizer=norm,
@@ -360,7 +378,8 @@ class Learner:
         self.config.save_pretrained(str(out))
 
     def save_checkpoint(self, directory: str) -> None:
-        """Model, optimizer, scheduler, critic and RNG into ``directory``. Collective."""
+        """Model, optimizer, scheduler, critic, running baseline and RNG into ``directory``.
+        Collective."""
         out = Path(directory)
         state: dict[str, Any] = {
             "model": fsdp.full_model_state(self.model),
@@ -374,9 +393,10 @@ class Learner:
         if self.spec.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             torch.save(state, out / "learner.pt")
-            torch.save(
-                {"scheduler": self.scheduler.state_dict(), "step": self.step}, out / "schedule.pt"
-            )
+            schedule = {"scheduler": self.scheduler.state_dict(), "step": self.step}
+            if self.baseline is not None:
+                schedule["baseline"] = self.baseline.state_dict()
+            torch.save(schedule, out / "schedule.pt")
         dist.barrier()
         torch.save(capture_rng(), out / f"rng_rank{self.spec.rank}.pt")
 
@@ -399,6 +419,8 @@ class Learner:
         schedule = torch.load(src / "schedule.pt", map_location="cpu", weights_only=False)
         self.scheduler.load_state_dict(schedule["scheduler"])
         self.step = int(schedule["step"])
+        if self.baseline is not None and "baseline" in schedule:
+            self.baseline.load_state_dict(schedule["baseline"])
         rng = src / f"rng_rank{self.spec.rank}.pt"
         if rng.is_file():
             restore_rng(torch.load(rng, weights_only=False))

@@ -34,7 +34,7 @@ class LearnerGroup:
                 name=None,
                 max_concurrency=1,
             ).remote(
-                LearnerSpec(
+                spec=LearnerSpec(
                     model_dir=str(model_dir),
                     algo=cfg.algo,
                     trainer=cfg.trainer,
@@ -43,32 +43,33 @@ class LearnerGroup:
                     rank=rank,
                     world_size=world,
                     use_gpu=use_gpu,
+                    max_response_tokens=cfg.inference.max_tokens,
                 )
             )
             for rank in range(world)
         ]
         address = ray.get(self.actors[0].address.remote())
         port = ray.get(self.actors[0].free_port.remote())
-        self.info = self._all("setup", address, port)
+        self.info = self._all("setup", master_addr=address, master_port=port)
 
-    def _all(self, method: str, *args: Any) -> Any:
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])[0]
+    def _all(self, method: str, **kwargs: Any) -> Any:
+        return ray.get([getattr(a, method).remote(**kwargs) for a in self.actors])[0]
 
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        ref = ray.put(trajectories)
-        return dict(self._all("train_step", ref))
+        ref = ray.put(trajectories)  # one copy in the object store for every rank
+        return dict(self._all("train_step", trajectories=ref))
 
     def export_weights(self, directory: Path) -> None:
-        self._all("export_weights", str(directory))
+        self._all("export_weights", directory=str(directory))
 
     def full_state(self) -> dict[str, Any]:
         return dict(self._all("full_state"))
 
     def save_checkpoint(self, directory: Path) -> None:
-        self._all("save_checkpoint", str(directory))
+        self._all("save_checkpoint", directory=str(directory))
 
     def load_checkpoint(self, directory: Path) -> int:
-        return int(self._all("load_checkpoint", str(directory)))
+        return int(self._all("load_checkpoint", directory=str(directory)))
 
     def shutdown(self) -> None:
         # the process group may already be gone; killing the actors follows anyway

@@ -29,14 +29,9 @@ from tqdm import tqdm
 
 from areal_agents.envs.registry import make_env
 from areal_agents.errors import AgentsError
+from areal_agents.files import read_json, read_jsonl, write_json
 from areal_agents.trainers.buffer import Group, TrajectoryBuffer
-from areal_agents.trainers.checkpoint import (
-    CheckpointManager,
-    load_rng,
-    read_json,
-    save_rng,
-    write_json,
-)
+from areal_agents.trainers.checkpoint import CheckpointManager, load_rng, save_rng
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.inference import (
     WeightSync,
@@ -90,17 +85,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             on_cluster=bool(cfg.ray.address),
             log_dir=run_dir / "logs",
         )
-        buffer = (
-            remote_class(TrajectoryBuffer)
-            .options(num_cpus=0)
-            .remote(
-                cfg.trainer.groups_per_step,
-                cfg.trainer.staleness,
-                data_seed=cfg.trainer.seed,
-                dynamic_filter=cfg.trainer.dynamic_filter or cfg.algo.dynamic_sampling,
-                batch_order=cfg.trainer.batch_order,
-            )
-        )
+        buffer = remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
         learners = LearnerGroup(cfg, model_dir)
         threads = {
             "learner": learners.info["torch_threads"],
@@ -110,11 +95,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         step, elapsed_before = 0, 0.0
         if resume_from is not None:
             step = learners.load_checkpoint(resume_from / "learner")
-            ray.get(buffer.load_state_dict.remote(read_json(resume_from / "buffer.json")))
+            ray.get(buffer.load_state_dict.remote(state=read_json(resume_from / "buffer.json")))
             load_rng(resume_from / "rng.pkl")
             elapsed_before = float(read_json(resume_from / "trainer.json")["elapsed_s"])
             sync.push(learners, step)  # the servers start from the base weights
-            ray.get(buffer.set_version.remote(step))
+            ray.get(buffer.set_version.remote(version=step))
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
 
         # ---- rollout workers generate in the background from here on ---------------------
@@ -146,7 +131,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             t2 = time.perf_counter()
             step += 1
             sync_s = sync.push(learners, step)
-            ray.get(buffer.set_version.remote(step))
+            ray.get(buffer.set_version.remote(version=step))
 
             stats = ray.get(buffer.stats.remote())
             times = {
@@ -158,7 +143,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             }
             metrics = step_metrics(step, groups, learn, stats, times)
             metrics["server/weight_version"] = min(sync.served_versions)
-            metrics.update(tool_metrics(t.metadata for t in trajectories))
+            metrics.update(tool_metrics(t.metadata.to_dict() for t in trajectories))
             log.log(step, metrics)
             log.transcripts(step, sample_transcripts(groups, cfg.log.transcripts_per_step))
             refresh_report(run_dir)  # runs/<name>/report.html, replaced atomically
@@ -169,8 +154,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 stale=int(metrics["staleness/max"]),
             )
 
-            every = cfg.trainer.checkpoint_every
-            if (every and step % every == 0) or step == cfg.trainer.total_steps:
+            if checkpoint_due(step, cfg):
                 save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
                 last_ckpt = step
         if step != last_ckpt:  # stopped early: the last step is saved as at a normal end
@@ -210,6 +194,24 @@ def check_env(cfg: TrainConfig) -> None:
     env.close()
 
 
+def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The :class:`TrajectoryBuffer` the run's config asks for, as keyword arguments."""
+    return {
+        "groups_per_step": cfg.trainer.groups_per_step,
+        "max_staleness": cfg.trainer.effective_max_staleness,
+        "data_seed": cfg.trainer.seed,
+        "dynamic_sampling": cfg.algo.dynamic_sampling,
+        "batch_order": cfg.trainer.batch_order,
+    }
+
+
+def checkpoint_due(step: int, cfg: TrainConfig) -> bool:
+    """Whether step ``step`` is checkpointed: every ``trainer.checkpoint_every`` steps (0:
+    never on the way) and always the last one."""
+    every = cfg.trainer.checkpoint_every
+    return bool(every and step % every == 0) or step == cfg.trainer.total_steps
+
+
 def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer: Any) -> list[Any]:
     urls = [str(s.base_url) for s in servers]
     actor = remote_class(RolloutWorkerActor).options(
@@ -217,14 +219,14 @@ def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer:
     )
     return [
         actor.remote(
-            cfg.env,
-            cfg.inference,
-            urls,
-            str(model_dir),
-            "policy",
-            buffer,
-            i,
-            cfg.trainer.concurrent_groups,
+            env=cfg.env,
+            inference=cfg.inference,
+            base_urls=urls,
+            model_dir=str(model_dir),
+            served_name="policy",
+            buffer=buffer,
+            worker_id=i,
+            max_concurrent_groups=cfg.trainer.concurrent_groups,
         )
         for i in range(cfg.trainer.rollout_workers)
     ]
@@ -283,7 +285,7 @@ def step_metrics(
         "episode/turns_mean": statistics.fmean(t.num_turns for t in trajs),
         "episode/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
         "tokens/policy": policy_tokens,
-        "tokens/total": sum(len(t.token_ids) for t in trajs),
+        "tokens/total": sum(len(t.sequence_ids) for t in trajs),
         "staleness/max": max(staleness, default=0),
         "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
         "throughput/tokens_per_s": policy_tokens / max(times["step_s"], 1e-9),
@@ -291,7 +293,7 @@ def step_metrics(
         **learn,
         **buffer_stats,
         "batch/task_indices": [g.task.index for g in groups],
-        "batch/traj_ids": [str(t.metadata.get("traj_id", "")) for t in trajs],
+        "batch/traj_ids": [t.metadata.traj_id for t in trajs],
     }
 
 
@@ -317,9 +319,7 @@ def write_transcript_viewer(run_dir: Path, summary: dict[str, Any]) -> None:
         from areal_agents.eval_viewer import write_viewer
     except ImportError:  # the viewer ships with the eval command
         return
-    from areal_agents.trainers.metrics import read_jsonl
-
-    records = read_jsonl(run_dir / "transcripts.jsonl")
+    records = read_jsonl(run_dir / "transcripts.jsonl", torn_ok=True)
     write_viewer(run_dir / "transcripts.html", records, {"pass_threshold": 1.0, **summary})
 
 

@@ -1,19 +1,30 @@
-"""Policy and value losses: pure tensor functions chosen by name from a registry.
+"""Policy losses: pure tensor functions chosen by name, and the one call a learner makes.
 
 A policy loss maps the three log-probabilities of off-policy training, kept apart and named,
 
 * ``logprobs`` — the current policy (requires grad),
-* ``proximal_logprobs`` — the policy at the start of this training step (no grad),
+* ``proximal_logprobs`` — the policy the trust region is taken around (no grad),
 * ``behavior_logprobs`` — the policy that sampled the tokens, from the rollout (no grad),
 
 plus ``advantages`` and ``mask`` (all ``[B, T]``) to a *per-token* loss ``[B, T]`` and a dict of
-detached metric tensors. Averaging is a separate, explicit step (:func:`aggregate`), so that every
-loss can be combined with every aggregation. Like the estimators, losses are position-agnostic:
-any alignment of ``T`` works as long as all inputs share it. Nothing here calls ``.item()``.
+detached metric tensors. Each loss declares, when it is registered, what its proximal policy is
+(:data:`PROXIMAL_KINDS`), so that a learner asks the loss instead of branching on its name:
+
+* ``"behavior"`` — the policy that sampled the tokens (textbook PPO: the ratio is
+  ``pi / pi_behav``); nothing to compute;
+* ``"step_start"`` — the weights at the start of the training step (decoupled PPO): with one
+  update per step they are the current weights, detached; with more, the learner recomputes
+  them in a no-grad pass before the first update (:attr:`LossSpec.needs_recompute`);
+* ``"current"`` — the current weights, detached (the loss uses it for metrics only).
+
+Averaging is a separate, explicit step (:func:`aggregate`), with its denominator computed by
+:func:`aggregation_normalizer`, so that every loss combines with every aggregation and a learner
+can normalise micro-batches by their whole minibatch. Losses are position-agnostic: any
+alignment of ``T`` works as long as all inputs share it. Nothing here calls ``.item()``.
 
 Adding a loss is one function and one line::
 
-    @register_loss("my_pg")
+    @register_loss("my_pg", proximal="current")
     def my_pg(cfg, logprobs, proximal_logprobs, behavior_logprobs, advantages, mask):
         return -advantages * logprobs, {}
 """
@@ -21,54 +32,104 @@ Adding a loss is one function and one line::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 
 from areal_agents.errors import ConfigError, did_you_mean
-from areal_agents.trainers.advantages import masked_mean, masked_sum
-
-if TYPE_CHECKING:
-    from areal_agents.trainers.algorithms import AlgoConfig
+from areal_agents.trainers.masked import masked_max, masked_mean, masked_min, masked_sum
 
 __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "PROXIMAL_KINDS",
+    "LossKnobs",
+    "LossSpec",
     "PolicyLoss",
     "aggregate",
+    "aggregation_normalizer",
     "behavior_weights",
     "clipped_surrogate",
+    "compute_policy_loss",
     "decoupled_ppo_loss",
     "get_loss",
     "kl_estimate",
-    "masked_max",
-    "masked_min",
     "ppo_clip_loss",
     "register_loss",
     "reinforce_loss",
-    "value_loss",
 ]
 
 #: The explicit ways of turning a per-token loss ``[B, T]`` into a scalar.
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_norm")
 #: Schulman's estimators of KL(pi || pi_ref) from samples of pi.
 KL_ESTIMATORS = ("k1", "k2", "k3")
+#: What a loss may declare as its proximal policy (see the module docstring).
+PROXIMAL_KINDS = ("behavior", "step_start", "current")
+Proximal = Literal["behavior", "step_start", "current"]
 
 
-def masked_max(x: Tensor, mask: Tensor) -> Tensor:
-    """Largest ``x`` on the mask (0 for an empty mask)."""
-    m = mask.bool()
-    out = torch.where(m, x, torch.full_like(x, -torch.inf)).max()
-    return torch.where(m.any(), out, torch.zeros_like(out))
+class LossKnobs(Protocol):
+    """The algorithm settings a policy loss reads (``AlgoConfig`` provides them)."""
+
+    @property
+    def loss(self) -> str: ...
+    @property
+    def clip_eps_low(self) -> float: ...
+    @property
+    def clip_eps_high(self) -> float: ...
+    @property
+    def dual_clip_c(self) -> float | None: ...
+    @property
+    def behavior_imp_cap(self) -> float | None: ...
+    @property
+    def behavior_imp_mode(self) -> str: ...
+    @property
+    def aggregation(self) -> str: ...
+    @property
+    def norm_tokens(self) -> int | None: ...
+    @property
+    def kl_coef(self) -> float: ...
+    @property
+    def kl_estimator(self) -> str: ...
+    @property
+    def kl_in_reward(self) -> bool: ...
+    @property
+    def entropy_coef(self) -> float: ...
+    @property
+    def max_log_ratio(self) -> float: ...
 
 
-def masked_min(x: Tensor, mask: Tensor) -> Tensor:
-    """Smallest ``x`` on the mask (0 for an empty mask)."""
-    m = mask.bool()
-    out = torch.where(m, x, torch.full_like(x, torch.inf)).min()
-    return torch.where(m.any(), out, torch.zeros_like(out))
+# --- aggregation ------------------------------------------------------------------------------
+
+
+def aggregation_normalizer(mask: Tensor, mode: str, *, norm_tokens: int | None = None) -> Tensor:
+    """The denominator :func:`aggregate` divides by, over the rows of ``mask`` ``[B, T]``.
+
+    ``token_mean``: the number of policy tokens; ``seq_mean_token_mean``: the number of rows
+    with policy tokens; ``seq_sum_norm``: ``B * L`` (``L = norm_tokens``, else ``T``). A learner
+    computes it over a whole minibatch and passes it to every micro-batch's :func:`aggregate`.
+    Never below 1 for the counts.
+
+    >>> m = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    >>> [float(aggregation_normalizer(m, a)) for a in AGGREGATIONS]
+    [2.0, 1.0, 6.0]
+    """
+    maskf = mask.float()
+    if mode == "token_mean":
+        return maskf.sum().clamp(min=1.0)
+    if mode == "seq_mean_token_mean":
+        return (maskf.sum(1) > 0).float().sum().clamp(min=1.0)
+    if mode == "seq_sum_norm":
+        length = mask.shape[1] if norm_tokens is None else norm_tokens
+        return torch.tensor(float(mask.shape[0] * length))
+    raise ConfigError(
+        f"algo.aggregation={mode!r} is unknown"
+        + did_you_mean(mode, AGGREGATIONS)
+        + f"; choose one of {list(AGGREGATIONS)}"
+    )
 
 
 def aggregate(
@@ -87,9 +148,9 @@ def aggregate(
     * ``seq_sum_norm`` — sum over all policy tokens / (B * L) with ``L = norm_tokens`` or, when
       None, the ``T`` of the batch (Dr. GRPO, TRL ``dr_grpo`` with ``L = max_completion_length``).
 
-    ``normalizer`` replaces the denominator (tokens, rows, or B * L) with a number the caller
-    computed over a larger batch, so that micro-batch losses *sum* to the full-batch mean under
-    gradient accumulation (rows use the per-row token means in the numerator as before).
+    The denominator is :func:`aggregation_normalizer` of ``mask``; ``normalizer`` replaces it
+    with one computed over a larger batch, so that micro-batch losses *sum* to the full-batch
+    value under gradient accumulation.
 
     >>> x = torch.tensor([[1.0, 3.0, 0.0], [5.0, 0.0, 0.0]])
     >>> m = torch.tensor([[1, 1, 0], [1, 0, 0]])
@@ -98,19 +159,14 @@ def aggregate(
     >>> aggregate(x, m, "seq_sum_norm", norm_tokens=4)
     tensor(1.1250)
     """
-    maskf = mask.to(x.dtype)
-    if mode == "token_mean":
-        denom = maskf.sum().clamp(min=1.0) if normalizer is None else normalizer
-        return masked_sum(x, mask) / denom
+    if normalizer is None:
+        normalizer = aggregation_normalizer(mask, mode, norm_tokens=norm_tokens).to(x.dtype)
     if mode == "seq_mean_token_mean":
+        maskf = mask.to(x.dtype)
         per_row = masked_sum(x, mask, dim=1) / maskf.sum(1).clamp(min=1.0)  # [B]
-        rows = (maskf.sum(1) > 0).to(x.dtype)  # [B]
-        denom = rows.sum().clamp(min=1.0) if normalizer is None else normalizer
-        return (per_row * rows).sum() / denom
-    if mode == "seq_sum_norm":
-        length = x.shape[1] if norm_tokens is None else norm_tokens
-        denom = float(x.shape[0] * length) if normalizer is None else normalizer
-        return masked_sum(x, mask) / denom
+        return (per_row * (maskf.sum(1) > 0).to(x.dtype)).sum() / normalizer
+    if mode in AGGREGATIONS:
+        return masked_sum(x, mask) / normalizer
     raise ConfigError(
         f"algo.aggregation={mode!r} is unknown"
         + did_you_mean(mode, AGGREGATIONS)
@@ -146,24 +202,57 @@ def kl_estimate(
 
 
 PolicyLoss = Callable[
-    ["AlgoConfig", Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]
+    [LossKnobs, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]
 ]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
-def register_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator: make a per-token policy loss selectable as ``algo.loss=NAME``."""
+@dataclass(frozen=True)
+class LossSpec:
+    """A registered policy loss and what it declares it needs."""
+
+    name: str
+    fn: PolicyLoss
+    proximal: Proximal = "step_start"
+    """Which policy ``proximal_logprobs`` is (module docstring)."""
+
+    def __call__(
+        self, cfg: LossKnobs, logprobs: Tensor, proximal_logprobs: Tensor,
+        behavior_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+    ) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
+        return self.fn(cfg, logprobs, proximal_logprobs, behavior_logprobs, advantages, mask)
+
+    def needs_recompute(self, updates_per_step: int) -> bool:
+        """Whether the learner must recompute proximal log-probs before the first update."""
+        return self.proximal == "step_start" and updates_per_step > 1
+
+    def proximal_logprobs(self, logprobs: Tensor, behavior_logprobs: Tensor) -> Tensor:
+        """The proximal log-probs when none were recomputed (one update per step)."""
+        return behavior_logprobs if self.proximal == "behavior" else logprobs.detach()
+
+
+POLICY_LOSSES: dict[str, LossSpec] = {}
+
+
+def register_loss(
+    name: str, *, proximal: Proximal = "step_start"
+) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: make a per-token policy loss selectable as ``algo.loss=NAME``.
+
+    ``proximal`` declares the policy its ratio or metrics are taken against (module docstring).
+    """
+    if proximal not in PROXIMAL_KINDS:
+        raise ConfigError(f"loss {name!r}: proximal={proximal!r}; choose one of {PROXIMAL_KINDS}")
 
     def deco(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
+        if name in POLICY_LOSSES and POLICY_LOSSES[name].fn is not fn:
             raise ConfigError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
+        POLICY_LOSSES[name] = LossSpec(name, fn, proximal)
         return fn
 
     return deco
 
 
-def get_loss(name: str) -> PolicyLoss:
+def get_loss(name: str) -> LossSpec:
     """The policy loss registered as ``name``; unknown names fail with a suggestion."""
     try:
         return POLICY_LOSSES[name]
@@ -240,7 +329,7 @@ def behavior_weights(
 
 
 def _ppo_terms(
-    cfg: AlgoConfig, logprobs: Tensor, proximal_logprobs: Tensor, advantages: Tensor, mask: Tensor
+    cfg: LossKnobs, logprobs: Tensor, proximal_logprobs: Tensor, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, dict[str, Tensor]]:
     ratio = torch.exp(_log_ratio(logprobs, proximal_logprobs.detach(), cfg.max_log_ratio))
     pg, metrics = clipped_surrogate(
@@ -253,9 +342,9 @@ def _ppo_terms(
     return pg, metrics
 
 
-@register_loss("ppo_clip")
+@register_loss("ppo_clip", proximal="behavior")
 def ppo_clip_loss(
-    cfg: AlgoConfig,
+    cfg: LossKnobs,
     logprobs: Tensor,
     proximal_logprobs: Tensor,
     behavior_logprobs: Tensor,
@@ -275,9 +364,9 @@ def ppo_clip_loss(
     return pg, metrics
 
 
-@register_loss("decoupled_ppo")
+@register_loss("decoupled_ppo", proximal="step_start")
 def decoupled_ppo_loss(
-    cfg: AlgoConfig,
+    cfg: LossKnobs,
     logprobs: Tensor,
     proximal_logprobs: Tensor,
     behavior_logprobs: Tensor,
@@ -298,9 +387,9 @@ def decoupled_ppo_loss(
     return w * pg, metrics
 
 
-@register_loss("reinforce")
+@register_loss("reinforce", proximal="current")
 def reinforce_loss(
-    cfg: AlgoConfig,
+    cfg: LossKnobs,
     logprobs: Tensor,
     proximal_logprobs: Tensor,
     behavior_logprobs: Tensor,
@@ -320,30 +409,86 @@ def reinforce_loss(
     return -advantages.detach() * logprobs, metrics
 
 
-def value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None
+def compute_policy_loss(
+    cfg: LossKnobs,
+    logprobs: Tensor,
+    proximal_logprobs: Tensor | None,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+    *,
+    normalizer: float | Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token ``0.5 * max((V - R)^2, (V_clip - R)^2)``, ``V_clip = V_old + clip(V - V_old)``.
+    """Scalar policy loss and detached metrics.
 
-    Without ``clip`` it is ``0.5 * (V - R)^2``. Metrics: how often the clipped branch won,
-    the value mean, and the explained variance of the returns.
+    ``loss = agg(policy_loss) + kl_coef * agg(KL(pi || ref)) - entropy_coef * agg(entropy)``
+    with ``agg = aggregate(., mask, cfg.aggregation)``; the KL term is left out when
+    ``kl_in_reward`` (it is in the advantages instead). ``proximal_logprobs=None`` lets the loss
+    choose the proximal policy it declared (:meth:`LossSpec.proximal_logprobs`): pass a tensor
+    only when it was recomputed. ``normalizer`` overrides the aggregation's denominator for
+    gradient accumulation (:func:`aggregation_normalizer`). Masked positions may hold anything,
+    even NaN or inf: they contribute exactly nothing.
+
+    Metrics: keys under ``loss/`` (``loss/policy``, ``loss/kl``, ``loss/entropy``,
+    ``loss/total``) use the loss's aggregation and ``normalizer``, so micro-batch values *add
+    up*; every other key (``ratio/*``, ``clip/*``, ``behavior/*``, ``approx_kl``, ``kl_ref``,
+    ``entropy``, ``advantage/mean``) is a token mean over this call's mask.
     """
-    returns = returns.detach()
-    err = (values - returns) ** 2  # [B, T]
-    if clip is None:
-        per_token = 0.5 * err
-        clipped_frac = torch.zeros((), dtype=values.dtype, device=values.device)
-    else:
-        v_clip = old_values.detach() + (values - old_values.detach()).clamp(-clip, clip)
-        err_clip = (v_clip - returns) ** 2  # [B, T]
-        per_token = 0.5 * torch.maximum(err, err_clip)
-        clipped_frac = masked_mean((err_clip > err).to(values.dtype), mask)
-    resid = (returns - values.detach()) * mask
-    var_r = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-    var_e = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
-    metrics = {
-        "value/clip_frac": clipped_frac,
-        "value/mean": masked_mean(values.detach(), mask),
-        "value/explained_var": 1.0 - var_e / var_r.clamp(min=1e-8),
-    }
-    return per_token, metrics
+    spec = get_loss(cfg.loss)
+    if proximal_logprobs is None:
+        proximal_logprobs = spec.proximal_logprobs(logprobs, behavior_logprobs)
+    shape = logprobs.shape
+    named = {"proximal_logprobs": proximal_logprobs, "behavior_logprobs": behavior_logprobs,
+             "advantages": advantages, "mask": mask}  # fmt: skip
+    for name, t in named.items():
+        if t.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, logprobs {tuple(shape)}")
+    maskf = mask.to(logprobs.dtype)
+    m = mask.bool()
+    # Zero the masked positions first, so that garbage (inf, NaN) there cannot leak a gradient.
+    zero = torch.zeros_like(logprobs)
+    dtype = logprobs.dtype
+    logprobs = torch.where(m, logprobs, zero)
+    proximal_logprobs = torch.where(m, proximal_logprobs.detach().to(dtype), zero)
+    behavior_logprobs = torch.where(m, behavior_logprobs.detach().to(dtype), zero)
+    advantages = torch.where(m, advantages.detach().to(dtype), zero)
+
+    def agg(x: Tensor) -> Tensor:
+        return aggregate(
+            x, maskf, cfg.aggregation, norm_tokens=cfg.norm_tokens, normalizer=normalizer
+        )
+
+    per_token, metrics = spec(
+        cfg, logprobs, proximal_logprobs, behavior_logprobs, advantages, maskf
+    )
+    pg_loss = agg(torch.where(m, per_token, zero))
+    loss = pg_loss
+    metrics["loss/policy"] = pg_loss.detach()
+    if ref_logprobs is not None:
+        ref_logprobs = torch.where(m, ref_logprobs.detach().to(dtype), zero)
+    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
+        if ref_logprobs is None:
+            raise ValueError(f"algo.kl_coef={cfg.kl_coef} needs ref_logprobs= ([B, T])")
+        kl = kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator, cfg.max_log_ratio)
+        kl = torch.where(m, kl, zero)
+        kl_loss = agg(kl)
+        loss = loss + cfg.kl_coef * kl_loss
+        metrics["loss/kl"] = kl_loss.detach()
+        metrics["kl_ref"] = masked_mean(kl.detach(), maskf)
+    elif ref_logprobs is not None:
+        kl = kl_estimate(logprobs.detach(), ref_logprobs, cfg.kl_estimator, cfg.max_log_ratio)
+        metrics["kl_ref"] = masked_mean(kl, maskf)
+    if entropy is not None:
+        ent = torch.where(m, entropy, zero)
+        if cfg.entropy_coef > 0:
+            ent_loss = agg(ent)
+            loss = loss - cfg.entropy_coef * ent_loss
+            metrics["loss/entropy"] = ent_loss.detach()
+        metrics["entropy"] = masked_mean(ent.detach(), maskf)
+    elif cfg.entropy_coef > 0:
+        raise ValueError(f"algo.entropy_coef={cfg.entropy_coef} needs entropy= ([B, T])")
+    metrics["advantage/mean"] = masked_mean(advantages, maskf)
+    metrics["loss/total"] = loss.detach()
+    return loss, metrics

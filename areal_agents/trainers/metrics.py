@@ -12,28 +12,14 @@ import json
 import math
 import os
 import statistics
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from areal_agents.files import atomic_write, read_jsonl, write_json
 from areal_agents.trainers.config import LogConfig
 
-__all__ = ["MetricsLogger", "read_jsonl", "truncate_jsonl", "write_summary"]
-
-
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every complete JSON line of ``path`` (a torn last line from a kill is skipped)."""
-    out: list[dict[str, Any]] = []
-    if not Path(path).is_file():
-        return out
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+__all__ = ["MetricsLogger", "truncate_jsonl", "write_summary"]
 
 
 def truncate_jsonl(path: str | os.PathLike[str], max_step: int) -> None:
@@ -41,11 +27,8 @@ def truncate_jsonl(path: str | os.PathLike[str], max_step: int) -> None:
     path = Path(path)
     if not path.is_file():
         return
-    keep = [row for row in read_jsonl(path) if int(row.get("step", 0)) <= max_step]
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        for row in keep:
-            f.write(json.dumps(row) + "\n")
-    os.replace(f.name, path)
+    keep = [row for row in read_jsonl(path, torn_ok=True) if int(row.get("step", 0)) <= max_step]
+    atomic_write(path, "".join(json.dumps(row) + "\n" for row in keep))
 
 
 def _scalar(value: Any) -> float | None:
@@ -118,7 +101,7 @@ class MetricsLogger:
 
 def write_summary(run_dir: Path, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write ``summary.json`` and ``summary.png`` from ``metrics.jsonl``; return the summary."""
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_jsonl(run_dir / "metrics.jsonl", torn_ok=True)
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     summary: dict[str, Any] = {
         "steps": len(rows),
@@ -134,7 +117,7 @@ def write_summary(run_dir: Path, extra: Mapping[str, Any] | None = None) -> dict
         "wall_s": rows[-1].get("time/elapsed_s") if rows else 0.0,
         **(extra or {}),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(run_dir / "summary.json", summary, indent=2)
     if rows:
         _plot(rows, run_dir / "summary.png")
     return summary

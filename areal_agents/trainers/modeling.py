@@ -1,6 +1,6 @@
 """Models the learner trains: the policy, an optional value model, and a tiny test model.
 
-``model=default`` is SmolLM2-135M-Instruct converted offline (``policies.model``). ``model=tiny``
+``model=default`` is SmolLM2-135M-Instruct converted offline (``serving.model``). ``model=tiny``
 is a *randomly initialised* model with the same architecture family (Llama), the same
 tokenizer and chat template, but 2 layers of width 128 (~6.6 M parameters, mostly the
 embedding): it produces gibberish and exists so that tests of the training machinery (resume,
@@ -11,9 +11,6 @@ converted default model, so that the inference server can load it like any HF di
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from areal_agents.errors import ConfigError
+from areal_agents.files import atomic_directory
 
 __all__ = ["TINY_MODEL_NAME", "ValueModel", "load_policy", "resolve_model_dir", "tiny_model_path"]
 
@@ -40,7 +38,7 @@ def tiny_model_path(seed: int = 0) -> Path:
     """A tiny random Llama with the default model's tokenizer, saved once (see module doc)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from areal_agents.policies.model import cache_root, default_model_path
+    from areal_agents.serving.model import cache_root, default_model_path
 
     target = cache_root() / f"{TINY_MODEL_NAME}-h{_TINY_SHAPE['hidden_size']}-s{seed}"
     if (target / _TINY_STAMP).is_file():
@@ -52,19 +50,10 @@ def tiny_model_path(seed: int = 0) -> Path:
     config.tie_word_embeddings = True
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    work = Path(tempfile.mkdtemp(prefix=f".{TINY_MODEL_NAME}-", dir=target.parent))
-    try:
+    with atomic_directory(target, is_complete=lambda p: (p / _TINY_STAMP).is_file()) as work:
         model.save_pretrained(str(work), safe_serialization=True)
         AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(work))
         (work / _TINY_STAMP).write_text(json.dumps({"seed": seed, **_TINY_SHAPE}))
-        work.chmod(0o755)
-        try:
-            os.rename(work, target)
-        except OSError:
-            if not (target / _TINY_STAMP).is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return target
 
 
@@ -72,7 +61,7 @@ def resolve_model_dir(name: str) -> Path:
     """The local directory of ``model.name`` (``default``, ``tiny`` or a path)."""
     if name == "tiny":
         return tiny_model_path()
-    from areal_agents.policies.model import resolve_model
+    from areal_agents.serving.model import resolve_model
 
     resolved = resolve_model(name)
     path = Path(resolved)

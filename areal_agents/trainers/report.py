@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from areal_agents.trainers.metrics import read_jsonl
+from areal_agents.files import atomic_write, read_jsonl
 
 __all__ = ["REPORT_TEMPLATE", "refresh_report", "render_report", "tool_metrics", "write_report"]
 
@@ -110,8 +109,8 @@ def render_report(
     from areal_agents.eval_viewer import render_viewer
 
     run = Path(run_dir)
-    rows = [_scalars(r) for r in read_jsonl(run / "metrics.jsonl")]
-    transcripts = read_jsonl(run / "transcripts.jsonl")
+    rows = [_scalars(r) for r in read_jsonl(run / "metrics.jsonl", torn_ok=True)]
+    transcripts = read_jsonl(run / "transcripts.jsonl", torn_ok=True)
     config_path = run / "config.yaml"
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
     summary_path = run / "summary.json"
@@ -161,12 +160,7 @@ def write_report(
     run = Path(run_dir)
     page = render_report(run, max_transcripts=max_transcripts, refresh_s=refresh_s)
     target = run / "report.html"
-    with tempfile.NamedTemporaryFile(
-        "w", dir=run, prefix=".report-", suffix=".tmp", delete=False, encoding="utf-8"
-    ) as f:
-        f.write(page)
-    os.chmod(f.name, 0o644)  # readable like any other file of the run
-    os.replace(f.name, target)
+    atomic_write(target, page)
     return target
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,10 +26,11 @@ import gymnasium as gym
 from areal_agents.errors import InfrastructureError
 from areal_agents.policies.base import Policy
 from areal_agents.rollout import Episode, run_episode
+from areal_agents.sandboxes import shutdown_sandboxes
 from areal_agents.trainers.buffer import TrajectoryBuffer
 from areal_agents.trainers.config import EnvConfig
 from areal_agents.trainers.data import TaskRef
-from areal_agents.types import Trajectory
+from areal_agents.types import Trajectory, TrajectoryMetadata
 
 __all__ = ["BufferClient", "LocalBuffer", "RayBuffer", "RolloutWorker", "WorkerStats"]
 
@@ -90,7 +90,7 @@ class RayBuffer:
         self.handle = handle
 
     async def admit(self, max_tasks: int) -> list[tuple[TaskRef, int]]:
-        return list(await self.handle.admit.remote(max_tasks))
+        return list(await self.handle.admit.remote(max_tasks=max_tasks))
 
     async def complete(
         self,
@@ -102,8 +102,8 @@ class RayBuffer:
     ) -> str:
         return str(
             await self.handle.complete.remote(
-                index,
-                trajectories,
+                index=index,
+                trajectories=trajectories,
                 dropped_episodes=dropped_episodes,
                 transcripts=transcripts,
                 stats=stats,
@@ -201,8 +201,8 @@ class RolloutWorker:
         self._stop.set()
 
     def close(self) -> None:
-        """Close every environment this worker made (releases their sandboxes), then the
-        docker backend's warm pool if it was used (the actor is killed, so no atexit runs)."""
+        """Close every environment this worker made (releases their sandboxes), then whatever
+        the sandbox backends still hold (the actor is killed, so no atexit runs)."""
         self._pool.clear()
         while self._envs:
             env = self._envs.pop()
@@ -210,12 +210,10 @@ class RolloutWorker:
                 env.close()
             except Exception:  # closing is best effort; the sandbox backend reaps leftovers
                 logger.warning("closing an environment failed", exc_info=True)
-        pool = sys.modules.get("areal_agents.sandboxes.docker_pool")
-        if pool is not None:
-            try:
-                pool.shutdown_all()
-            except Exception:
-                logger.warning("shutting down the sandbox pool failed", exc_info=True)
+        try:
+            shutdown_sandboxes()
+        except Exception:
+            logger.warning("shutting down the sandboxes failed", exc_info=True)
 
     async def _group(self, ref: TaskRef, version: int) -> None:
         start = time.perf_counter()
@@ -225,7 +223,7 @@ class RolloutWorker:
         trajectories = [t for t, _ in results if t is not None]
         dropped = sum(1 for t, _ in results if t is None)
         transcripts = [
-            e.to_json() | {"traj_id": t.metadata["traj_id"]}
+            e.to_json() | {"traj_id": t.metadata.traj_id}
             for t, e in results[:1]
             if t is not None and e is not None
         ]
@@ -258,14 +256,13 @@ class RolloutWorker:
             self.stats.episodes += 1
             trajectory = episode.to_trajectory(
                 group_id=f"task{ref.index}",
-                metadata={
-                    "traj_id": f"{ref.index}-{sample}",
-                    "task_index": ref.index,
-                    "sample": sample,
-                    "attempt": attempt,
-                    "worker": self.worker_id,
-                    "duration_s": round(episode.duration_s, 4),
-                },
+                metadata=TrajectoryMetadata(
+                    traj_id=f"{ref.index}-{sample}",
+                    task_index=ref.index,
+                    sample=sample,
+                    attempt=attempt,
+                    worker=self.worker_id,
+                ),
             )
             self.stats.policy_tokens += trajectory.num_policy_tokens
             return trajectory, episode

@@ -14,7 +14,8 @@ from typing import Any
 
 from areal_agents.config import dump_yaml, to_dict
 from areal_agents.errors import ConfigError
-from areal_agents.trainers.checkpoint import CheckpointManager, read_json
+from areal_agents.files import read_json
+from areal_agents.trainers.checkpoint import CheckpointManager
 from areal_agents.trainers.config import EnvConfig, InferenceConfig, RayConfig, TrainConfig
 from areal_agents.trainers.ray_reaper import RUN_ENV, RayReaper
 from areal_agents.trainers.rollout_worker import RayBuffer, RolloutWorker, WorkerStats
@@ -204,23 +205,6 @@ def save_config(cfg: TrainConfig, run_dir: Path) -> None:
     dump_yaml(cfg, run_dir / "config.yaml")
 
 
-def _vllm_version(base_url: str) -> Any:
-    """The served weight version of a vLLM server (its completions carry none).
-
-    Called right after each response; a weight update aborts the requests it interrupts, so a
-    response's tokens all come from the version current when it returns (short loopback call).
-    """
-    import httpx
-
-    root = base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
-
-    def version() -> int:
-        value = str(httpx.get(f"{root}/weight_info", timeout=10.0).json().get("weight_version"))
-        return int(value) if value.isdigit() else 0
-
-    return version
-
-
 class RolloutWorkerActor:
     """A :class:`RolloutWorker` inside a Ray actor, talking to the buffer actor and servers."""
 
@@ -238,8 +222,10 @@ class RolloutWorkerActor:
         from transformers import AutoTokenizer
 
         from areal_agents.policies.token_client import TokenPolicy
+        from areal_agents.serving.engines import get_engine
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        engine = get_engine(inference.engine)
         policies = [
             TokenPolicy(
                 url,
@@ -249,7 +235,7 @@ class RolloutWorkerActor:
                 temperature=inference.temperature,
                 top_p=inference.top_p,
                 timeout=inference.request_timeout_s,
-                version_source=_vllm_version(url) if inference.engine == "vllm" else None,
+                version_source=engine.version_source(url),
             )
             for url in base_urls
         ]

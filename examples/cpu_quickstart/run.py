@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from areal_agents.files import read_jsonl
 from examples.cpu_quickstart.evaluate import evaluate
 from examples.cpu_quickstart.tasks import overlap_with_training
 from examples.cpu_quickstart.warm_start import warm_start
@@ -47,15 +48,7 @@ CONFIG = Path(__file__).with_name("config.yaml")
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    return read_jsonl(path, torn_ok=True)
 
 
 def train_for(

@@ -33,7 +33,7 @@ def test_overlap_with_training_counts_heldout_tasks(tmp_path: Path) -> None:
 def test_demonstrations_mask_exactly_the_assistant_turns() -> None:
     from transformers import AutoTokenizer
 
-    from areal_agents.policies.model import default_model_path
+    from areal_agents.serving.model import default_model_path
     from examples.cpu_quickstart.warm_start import encode_demonstration
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())

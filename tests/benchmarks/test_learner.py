@@ -16,12 +16,12 @@ def test_synthetic_batch_is_grouped_ragged_and_masked() -> None:
     batch = learner.synthetic_batch(8, 48, vocab=100, group_size=4)
     assert len(batch) == 8
     assert {t.group_id for t in batch} == {"g0", "g1"}
-    assert all(40 <= len(t.token_ids) <= 48 for t in batch)
+    assert all(40 <= len(t.sequence_ids) <= 48 for t in batch)
     for t in batch:
-        assert max(t.token_ids) < 100
-        prompt = len(t.token_ids) // 3
+        assert max(t.sequence_ids) < 100
+        prompt = len(t.sequence_ids) // 3
         assert t.loss_mask[:prompt] == (0,) * prompt and all(t.loss_mask[prompt:])
-        assert t.num_policy_tokens == len(t.token_ids) - prompt
+        assert t.num_policy_tokens == len(t.sequence_ids) - prompt
 
 
 @pytest.mark.slow

@@ -37,9 +37,9 @@ from areal_agents.envs.remote import (
 )
 from areal_agents.envs.serve import EnvServer
 from areal_agents.errors import ConfigError, InfrastructureError, UnknownEnvironmentError
+from areal_agents.files import read_jsonl
 from areal_agents.policies import ScriptedPolicy
 from areal_agents.rollout import run_episode
-from areal_agents.trainers.metrics import read_jsonl
 from areal_agents.types import Message, ToolCall, ToolSpec, Turn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -434,9 +434,9 @@ def test_train_two_steps_of_the_tiny_model_against_a_served_environment(
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = read_jsonl(out / "metrics.jsonl")
+    rows = read_jsonl(out / "metrics.jsonl", torn_ok=True)
     assert [r["step"] for r in rows] == [1, 2] and all(r["episodes"] == 4 for r in rows)
-    transcripts = read_jsonl(out / "transcripts.jsonl")
+    transcripts = read_jsonl(out / "transcripts.jsonl", torn_ok=True)
     assert transcripts and all(t["task_id"].startswith("calc-") for t in transcripts)
     assert transcripts[0]["messages"][0]["role"] == "system"
     summary = json.loads((out / "summary.json").read_text())
@@ -475,7 +475,9 @@ def test_eval_scores_a_served_environment_as_it_scores_the_local_one(
                      f"output_dir={out}", "progress=false", "num_episodes=6",
                      "samples_per_task=2", "concurrency=3"]
                 )  # fmt: skip
-            records = read_jsonl(out / "transcripts.jsonl")  # which sample of a task answers
+            records = read_jsonl(
+                out / "transcripts.jsonl", torn_ok=True
+            )  # which sample of a task answers
             # first (and right) depends on timing: compare the episodes as a set
             outcomes.append(
                 (summary, sorted((r["reward"], json.dumps(r["messages"])) for r in records))

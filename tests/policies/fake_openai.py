@@ -11,7 +11,6 @@ not just this package's dialect. ``failures`` makes the next N requests fail wit
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 import uuid
@@ -24,6 +23,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+
+from areal_agents.net import free_port
 
 Script = Callable[[list[dict[str, Any]], list[dict[str, Any]]], dict[str, Any]]
 
@@ -194,9 +195,7 @@ class FakeOpenAI:
 
     @contextmanager
     def running(self) -> Iterator[FakeOpenAI]:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import pytest
 
 from areal_agents.errors import ConfigError, EndpointError
+from areal_agents.net import free_port
 from areal_agents.policies.chat_client import ChatPolicy
 from areal_agents.types import Message, ToolSpec
 from tests.policies.fake_openai import FakeOpenAI
@@ -79,9 +79,7 @@ def test_client_errors_are_not_retried(fake: FakeOpenAI, monkeypatch: pytest.Mon
 
 
 def test_unreachable_and_slow_endpoints_become_endpoint_errors(fake: FakeOpenAI) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     policy = ChatPolicy(f"http://127.0.0.1:{port}/v1", "scripted", max_retries=1, backoff_s=0.01)
     with pytest.raises(EndpointError, match="failed after 2 attempts"):
         asyncio.run(policy.act([Message.user("hi")], []))

@@ -23,7 +23,7 @@ from areal_agents.policies.chat_client import ChatPolicy
 from areal_agents.policies.token_client import TokenPolicy
 from areal_agents.rollout import run_episode
 from areal_agents.types import Message, ToolCall, ToolSpec, Turn
-from tests.policies.conftest import teacher_forced_logprobs
+from tests.conftest import teacher_forced_logprobs
 
 pytestmark = pytest.mark.integration
 
@@ -70,12 +70,12 @@ def few_shot_tool_conversation() -> list[dict[str, Any]]:
 )
 def server(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "builtin":
-        from areal_agents.policies.server import BuiltinServer
+        from areal_agents.serving.server import BuiltinServer
 
         handle: Any = BuiltinServer(max_model_len=2048)
         timeout = 180.0
     else:
-        from areal_agents.policies.vllm import VLLMServer
+        from areal_agents.serving.vllm import VLLMServer
         from tests.conftest import vllm_python
 
         python = vllm_python()
@@ -239,19 +239,19 @@ def test_token_client_multi_turn_episode_reproduces_the_servers_tokens(
     assert len(turns) == 3
     # Each prompt extends the previous prompt + the sampled ids exactly (no re-tokenisation).
     for before, after in itertools.pairwise(turns):
-        context = (*before.prompt_token_ids, *before.token_ids)  # type: ignore[misc]
-        assert after.prompt_token_ids[: len(context)] == context  # type: ignore[index]
+        context = (*before.prompt_ids, *before.completion_ids)  # type: ignore[misc]
+        assert after.prompt_ids[: len(context)] == context  # type: ignore[index]
     trajectory = episode.to_trajectory(group_id="g")
-    assert trajectory.num_policy_tokens == sum(len(t.token_ids or ()) for t in turns)
-    text = tokenizer.decode(trajectory.token_ids)
+    assert trajectory.num_policy_tokens == sum(len(t.completion_ids or ()) for t in turns)
+    text = tokenizer.decode(trajectory.sequence_ids)
     assert "<tool_response>\napple, pear\n</tool_response>" in text
     assert "<|im_start|>user\nName another one.<|im_end|>" in text
     # Asked again with each turn's prompt, the server generates exactly the same ids...
     for turn in turns:
-        again = _greedy(client, server, list(turn.prompt_token_ids or ()), n=12)
-        assert (again.choices[0].model_extra or {})["token_ids"] == list(turn.token_ids or ())
+        again = _greedy(client, server, list(turn.prompt_ids or ()), n=12)
+        assert (again.choices[0].model_extra or {})["token_ids"] == list(turn.completion_ids or ())
     # ...and the behaviour logprobs are the model's own on the joined sequence.
-    expected = teacher_forced_logprobs(hf_model, list(trajectory.token_ids))
+    expected = teacher_forced_logprobs(hf_model, list(trajectory.sequence_ids))
     policy_positions = [i for i, m in enumerate(trajectory.loss_mask) if m]
     got = [trajectory.behavior_logprobs[i] for i in policy_positions]
     assert got == pytest.approx([expected[i - 1] for i in policy_positions], abs=2e-3)
@@ -347,7 +347,7 @@ def test_an_update_mid_generation_is_continued_under_new_weights(
 
     turn = asyncio.run(scenario())
     versions = list(turn.versions or ())
-    assert len(turn.token_ids or ()) == 400 and turn.finish_reason == "length"
+    assert len(turn.completion_ids or ()) == 400 and turn.finish_reason == "length"
     old, new = versions[0], versions[-1]
     assert new == old + 1  # the update landed mid-turn...
     switch = versions.index(new)

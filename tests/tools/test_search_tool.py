@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
 from areal_agents.errors import ToolError
+from areal_agents.net import free_port
 from areal_agents.tools import (
     BM25Retriever,
     Document,
@@ -103,9 +103,7 @@ def test_client_parses_bare_and_scored_results() -> None:
 
 
 def test_unreachable_server_is_an_infrastructure_error() -> None:
-    with socket.socket() as s:  # a loopback port with no listener
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a loopback port with no listener
     client = HttpRetriever(f"http://127.0.0.1:{port}", timeout_s=2, retries=1)
     with pytest.raises(RetrieverError, match="failed"):
         client.search(["x"], 1)

@@ -12,12 +12,10 @@ from areal_agents.errors import ConfigError
 from areal_agents.trainers.advantages import (
     RunningBaseline,
     get_advantage_estimator,
-    masked_mean,
-    masked_var,
-    masked_whiten,
     spread_token_rewards,
 )
 from areal_agents.trainers.algorithms import AlgoConfig, compute_advantages
+from areal_agents.trainers.masked import masked_mean, masked_var, masked_whiten
 
 D = torch.float64
 
@@ -152,7 +150,7 @@ def test_kl_penalty_folded_into_token_rewards() -> None:
     ref = torch.tensor([[-1.5, -1.0, -0.5]], dtype=D)
     adv, _ = compute_advantages(
         c, torch.tensor([1.0], dtype=D), mask, ["a"], torch.zeros(1, 3, dtype=D),
-        old_logprobs=old, ref_logprobs=ref,
+        behavior_logprobs=old, ref_logprobs=ref,
     )  # fmt: skip
     # k1 = [0.5, 0, -0.5] -> rewards [-0.05, 0, 1 + 0.05]; reward-to-go with V = 0
     torch.testing.assert_close(adv, torch.tensor([[1.0, 1.05, 1.05]], dtype=D))
@@ -283,7 +281,7 @@ def test_advantages_exactly_zero_off_mask_and_blind_to_values_there() -> None:
     v2 = torch.where(mask.bool(), v, torch.full_like(v, 1e6))
     for name in ("ppo", "grpo", "dr_grpo", "rloo", "reinforce", "reinforce_pp"):
         c = AlgoConfig.from_name(name)
-        vals = v if c.use_critic else None
+        vals = v if c.needs().critic else None
         adv, _ = compute_advantages(c, r, mask, "aabbcc", vals)
         assert adv[~mask.bool()].eq(0).all(), name
         if vals is not None:

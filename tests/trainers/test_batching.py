@@ -18,12 +18,11 @@ def make(n: int, reward: float = 0.0, group: str = "g") -> Trajectory:
 
 def test_collate_shifts_to_predicted_positions() -> None:
     b = collate([make(4), make(6)], pad_id=0)
-    assert b.input_ids.shape == (2, 6) and b.mask.shape == (2, 5)
-    assert b.mask[0].tolist() == [0.0, 1.0, 1.0, 0.0, 0.0]  # ids[2:4] are predicted at 1..2
+    assert b.sequence_ids.shape == (2, 6) and b.loss_mask.shape == (2, 5)
+    assert b.loss_mask[0].tolist() == [0.0, 1.0, 1.0, 0.0, 0.0]  # ids[2:4] are predicted at 1..2
     assert b.attention_mask[0].tolist() == [1, 1, 1, 1, 0, 0]
-    assert b.versions[0, 3].item() == -1
     sub = b.rows([0])
-    assert sub.input_ids.shape == (1, 4) and torch.equal(sub.mask, b.mask[:1, :3])
+    assert sub.sequence_ids.shape == (1, 4) and torch.equal(sub.loss_mask, b.loss_mask[:1, :3])
 
 
 def test_every_rank_runs_the_same_number_of_micro_batches() -> None:

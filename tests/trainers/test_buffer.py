@@ -16,18 +16,18 @@ from areal_agents.trainers.buffer import (
     trajectory_to_dict,
 )
 from areal_agents.trainers.data import TaskStream, task_seed
-from areal_agents.types import Trajectory
+from areal_agents.types import Trajectory, TrajectoryMetadata
 
 
 def traj(index: int, sample: int, reward: float = 1.0, version: int = 0) -> Trajectory:
     return Trajectory(
-        token_ids=(1, 2, 3),
+        sequence_ids=(1, 2, 3),
         loss_mask=(0, 1, 1),
         behavior_logprobs=(0.0, -0.1, -0.2),
         versions=(-1, version, version),
         reward=reward,
         group_id=f"task{index}",
-        metadata={"traj_id": f"{index}-{sample}"},
+        metadata=TrajectoryMetadata(traj_id=f"{index}-{sample}", task_index=index),
     )
 
 
@@ -83,7 +83,7 @@ def test_batches_follow_admission_order_whatever_the_completion_order() -> None:
 
 
 def test_dropped_and_filtered_groups_release_their_slot() -> None:
-    buf = TrajectoryBuffer(groups_per_step=2, max_staleness=0, dynamic_filter=True)
+    buf = TrajectoryBuffer(groups_per_step=2, max_staleness=0, dynamic_sampling=True)
     buf.admit(2)
     assert buf.complete(0, [], dropped_episodes=2) == "dropped"
     assert finish(buf, 1, rewards=(1.0, 1.0)) == "filtered"
@@ -117,7 +117,7 @@ def test_state_dict_redoes_in_flight_tasks_and_keeps_ready_groups() -> None:
     finish(again, 3)
     batch = again.pop_batch()
     assert batch is not None and [g.task.index for g in batch] == [0, 1]
-    assert batch[0].trajectories[0].metadata["traj_id"] == "0-0"
+    assert batch[0].trajectories[0].metadata.traj_id == "0-0"
     again.set_version(1)
     assert [r.index for r, _ in again.admit(10)] == [4, 5]
 
@@ -248,7 +248,12 @@ def test_ready_order_keeps_state_dict_round_trip() -> None:
 
 def test_trajectory_dict_round_trip() -> None:
     t = traj(3, 1, reward=0.5, version=2)
-    assert trajectory_from_dict(json.loads(json.dumps(trajectory_to_dict(t)))) == t
+    back = trajectory_from_dict(json.loads(json.dumps(trajectory_to_dict(t))))
+    assert back == t and back.metadata == t.metadata == TrajectoryMetadata("3-1", task_index=3)
+    # a checkpoint written before sequence_ids and typed metadata still loads
+    old = {**trajectory_to_dict(t), "metadata": {"traj_id": "3-1", "gone": 1}}
+    old["token_ids"] = old.pop("sequence_ids")
+    assert trajectory_from_dict(old).metadata.traj_id == "3-1" and trajectory_from_dict(old) == t
 
 
 def test_stream_is_reproducible_and_seeds_differ() -> None:

@@ -8,13 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from areal_agents.trainers.checkpoint import (
-    CheckpointManager,
-    load_rng,
-    read_json,
-    save_rng,
-    write_json,
-)
+from areal_agents.files import read_json, write_json
+from areal_agents.trainers.checkpoint import CheckpointManager, load_rng, save_rng
 
 
 def test_partial_checkpoint_is_invisible_and_cleaned(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Dynamic sampling and overlong handling, on tensors and on real Trajectory objects."""
+"""Overlong penalty and overlong filtering on tensors, and on a collated batch of trajectories."""
 
 from __future__ import annotations
 
@@ -6,41 +6,30 @@ import pytest
 import torch
 
 from areal_agents.trainers.algorithms import AlgoConfig
+from areal_agents.trainers.batching import collate
 from areal_agents.trainers.filters import (
-    apply_filters,
-    drop_uniform_groups,
+    longest_turn,
     overlong_penalty,
+    shape_batch,
     truncation_mask,
-    uniform_group_mask,
 )
 from areal_agents.types import Trajectory
 
 
-def traj(reward: float, group: str, n_policy: int, truncated: bool = False) -> Trajectory:
-    n = 2 + n_policy  # two prompt tokens, then the response
+def traj(reward: float, group: str, turns: tuple[int, ...], truncated: bool = False) -> Trajectory:
+    """Two prompt tokens, then one run of policy tokens per turn, two tool tokens between."""
+    mask = [0, 0]
+    for i, n in enumerate(turns):
+        mask += ([0, 0] if i else []) + [1] * n
     return Trajectory(
-        token_ids=tuple(range(n)),
-        loss_mask=(0, 0) + (1,) * n_policy,
-        behavior_logprobs=(0.0, 0.0) + (-0.5,) * n_policy,
-        versions=(-1, -1) + (3,) * n_policy,
+        sequence_ids=tuple(range(len(mask))),
+        loss_mask=tuple(mask),
+        behavior_logprobs=tuple(-0.5 if m else 0.0 for m in mask),
+        versions=tuple(3 if m else -1 for m in mask),
         reward=reward,
         group_id=group,
         truncated=truncated,
     )
-
-
-def test_uniform_groups_are_flagged() -> None:
-    r = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 2.0])
-    ids = ["a", "a", "a", "b", "b", "c", "c", "solo"]
-    assert uniform_group_mask(r, ids).tolist() == [False] * 3 + [True] * 2 + [False] * 3
-    # with a tolerance, a spread of 0.5 or less counts as uniform
-    r2 = torch.tensor([1.0, 1.4, 0.0, 1.0])
-    assert uniform_group_mask(r2, ["a", "a", "b", "b"], tol=0.5).tolist() == [
-        False,
-        False,
-        True,
-        True,
-    ]
 
 
 def test_overlong_penalty_hand_numbers() -> None:
@@ -52,6 +41,11 @@ def test_overlong_penalty_hand_numbers() -> None:
         overlong_penalty(lengths, max_len=16, buffer=0)
 
 
+def test_longest_turn_counts_runs_of_policy_tokens() -> None:
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0, 0], [1, 0, 1, 0, 1, 0, 1]])
+    assert longest_turn(mask).tolist() == [3, 0, 1]
+
+
 def test_truncation_mask_zeroes_rows() -> None:
     mask = torch.tensor([[1, 0, 1], [1, 1, 1]])
     out = truncation_mask(mask, torch.tensor([True, False]))
@@ -59,33 +53,31 @@ def test_truncation_mask_zeroes_rows() -> None:
     assert mask.tolist() == [[1, 0, 1], [1, 1, 1]]  # input untouched
 
 
-def test_drop_uniform_groups_on_trajectories() -> None:
-    batch = [traj(1.0, "a", 3), traj(1.0, "a", 4), traj(0.0, "b", 3), traj(1.0, "b", 3)]
-    kept, dropped = drop_uniform_groups(batch)
-    assert [t.group_id for t in kept] == ["b", "b"] and dropped == 1
-    assert drop_uniform_groups([]) == ([], 0)
-
-
-def test_apply_filters_in_dapo_order() -> None:
+def test_shape_batch_penalises_the_longest_turn_and_masks_truncated_rows() -> None:
     cfg = AlgoConfig.from_name("dapo").replace(overlong_buffer=4, mask_truncated=True)
-    batch = [
-        traj(1.0, "a", 10),  # short: no penalty
-        traj(1.0, "a", 14),  # 2 tokens into the buffer: -0.5 -> the group now has spread
-        traj(0.0, "b", 3),
-        traj(0.0, "b", 20, truncated=True),  # past the limit: -1, and no loss
-        traj(1.0, "c", 3),
-        traj(1.0, "c", 5),  # uniform: dropped
-    ]
-    kept, stats = apply_filters(cfg, batch, max_response_tokens=16)
-    assert [(t.group_id, t.reward) for t in kept] == [
-        ("a", 1.0), ("a", 0.5), ("b", 0.0), ("b", -1.0)
-    ]  # fmt: skip
-    assert kept[3].num_policy_tokens == 0 and kept[2].num_policy_tokens == 3
-    assert stats.groups_in == 3 and stats.groups_dropped == 1 and stats.samples_dropped == 2
-    assert stats.samples_penalised == 2 and stats.samples_masked == 1
-    assert batch[1].reward == 1.0  # pure: the inputs are unchanged
-    with pytest.raises(ValueError, match="max_response_tokens"):
-        apply_filters(cfg, batch)
-    # with everything off, the batch passes through untouched
-    same, stats = apply_filters(AlgoConfig(), batch)
-    assert same == batch and stats.samples_dropped == 0
+    batch = collate(
+        [
+            traj(1.0, "a", (10, 10)),  # two turns of 10: no turn near the limit of 16
+            traj(1.0, "a", (3, 14)),  # a turn 2 tokens into the buffer: -0.5
+            traj(0.0, "b", (20,), truncated=True),  # past the limit: -1, and no loss
+        ],
+        pad_id=0,
+    )
+    rewards, mask, metrics = shape_batch(
+        cfg, batch.rewards, batch.loss_mask, batch.truncated, max_response_tokens=16
+    )
+    assert rewards.tolist() == [1.0, 0.5, -1.0]
+    assert mask[2].sum() == 0 and torch.equal(mask[:2], batch.loss_mask[:2])
+    assert metrics == {
+        "filter/overlong_penalty": pytest.approx(-0.5),
+        "filter/overlong_rows": 2.0,
+        "filter/truncated_masked_rows": 1.0,
+    }
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0]  # pure: the inputs are unchanged
+    with pytest.raises(ValueError, match="per-turn token limit"):
+        shape_batch(cfg, batch.rewards, batch.loss_mask, batch.truncated, None)
+    # with everything off, rewards and mask pass through untouched
+    same_r, same_m, none = shape_batch(
+        AlgoConfig(), batch.rewards, batch.loss_mask, batch.truncated, None
+    )
+    assert same_r is batch.rewards and same_m is batch.loss_mask and none == {}

@@ -52,7 +52,7 @@ def batch(seed: int) -> list[Trajectory]:
             n = len(mask)
             out.append(
                 Trajectory(
-                    token_ids=tuple(rng.randrange(5, 2000) for _ in range(n)),
+                    sequence_ids=tuple(rng.randrange(5, 2000) for _ in range(n)),
                     loss_mask=tuple(mask),
                     behavior_logprobs=tuple(-rng.uniform(5, 12) if m else 0.0 for m in mask),
                     versions=tuple(0 if m else -1 for m in mask),

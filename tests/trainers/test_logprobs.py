@@ -6,11 +6,11 @@ import pytest
 import torch
 import transformers
 
-from areal_agents.trainers.logprobs import (
+from areal_agents.trainers.batching import (
     entropy_from_logits,
     gather_logprobs,
     logprobs_and_entropy,
-    next_token_logprobs,
+    sequence_logprobs,
 )
 
 D = torch.float64
@@ -48,8 +48,8 @@ def test_gradients_flow_and_entropy_can_be_detached() -> None:
     assert logits.grad is not None and logits.grad.abs().sum() > 0
 
 
-def test_next_token_logprobs_line_up_with_the_ids() -> None:
-    """Position t holds log p(ids[t] | ids[:t]), checked against prefix forward passes."""
+def test_sequence_logprobs_line_up_with_the_predicted_tokens() -> None:
+    """Position t holds log p(ids[t + 1] | ids[:t + 1]), checked against prefix forward passes."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -59,17 +59,13 @@ def test_next_token_logprobs_line_up_with_the_ids() -> None:
     ids = torch.randint(0, 50, (2, 6))
     with torch.no_grad():
         logits = model(ids).logits.double()
-        lp, ent = next_token_logprobs(logits, ids, temperature=0.8, with_entropy=True)
-        assert ent is not None and lp.shape == ids.shape == ent.shape
-        assert lp[:, 0].eq(0).all() and ent[:, 0].eq(0).all()
-        for t in range(1, 6):
-            prefix = model(ids[:, :t]).logits[:, -1].double() / 0.8  # predicts ids[:, t]
+        lp = sequence_logprobs(logits, ids, temperature=0.8)
+        assert lp.shape == (2, 5)
+        for t in range(5):
+            prefix = model(ids[:, : t + 1]).logits[:, -1].double() / 0.8  # predicts ids[:, t + 1]
             logp = torch.log_softmax(prefix, -1)
             torch.testing.assert_close(
-                lp[:, t], logp.gather(-1, ids[:, t : t + 1])[:, 0], atol=1e-5, rtol=0
+                lp[:, t], logp.gather(-1, ids[:, t + 1 : t + 2])[:, 0], atol=1e-5, rtol=0
             )
-            torch.testing.assert_close(ent[:, t], -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=0)
-    only_lp, none = next_token_logprobs(logits, ids)
-    assert none is None and torch.allclose(only_lp, next_token_logprobs(logits, ids, 1.0, True)[0])
     with pytest.raises(ValueError, match=r"\[B, T, V\]"):
-        next_token_logprobs(logits[0], ids)
+        sequence_logprobs(logits[0], ids)

@@ -122,7 +122,7 @@ def test_aggregations_hand_numbers_and_normalizer() -> None:
 
 
 def test_value_loss_clipping_hand_numbers() -> None:
-    c = cfg(advantage="gae", use_critic=True, vf_clip=0.2, vf_coef=0.5)
+    c = cfg(advantage="gae", vf_clip=0.2, vf_coef=0.5)
     v = torch.tensor([[1.5, 1.1, 3.0]], dtype=D, requires_grad=True)
     old = torch.tensor([[1.0, 1.0, 0.0]], dtype=D)
     ret = torch.tensor([[2.0, 2.0, 0.0]], dtype=D)

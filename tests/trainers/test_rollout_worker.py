@@ -38,10 +38,10 @@ class AnswerPolicy:
         await asyncio.sleep(0)
         return Turn(
             text=f"\\boxed{{{value}}}",
-            token_ids=(7, 8, 9),
-            logprobs=(-0.5, -0.25, -0.125),
+            completion_ids=(7, 8, 9),
+            behavior_logprobs=(-0.5, -0.25, -0.125),
             versions=(3, 3, 4),
-            prompt_token_ids=(1, 2, 3, 4),
+            prompt_ids=(1, 2, 3, 4),
             finish_reason="stop",
         )
 
@@ -92,7 +92,7 @@ def test_groups_share_a_task_and_carry_token_data() -> None:
         assert len(group.trajectories) == 3
         assert len({t.task_id for t in group.trajectories}) == 1  # one task per group
         assert {t.group_id for t in group.trajectories} == {f"task{group.task.index}"}
-        assert [t.metadata["traj_id"] for t in group.trajectories] == [
+        assert [t.metadata.traj_id for t in group.trajectories] == [
             f"{group.task.index}-{k}" for k in range(3)
         ]
         t = group.trajectories[0]
@@ -138,5 +138,5 @@ def test_a_retry_that_succeeds_keeps_the_episode() -> None:
     run(worker, buffer, groups=1)
     batch = buffer.pop_batch()
     assert batch is not None and len(batch[0].trajectories) == 2
-    assert sorted(t.metadata["attempt"] for t in batch[0].trajectories) == [0, 1]
+    assert sorted(t.metadata.attempt for t in batch[0].trajectories) == [0, 1]
     assert buffer.counters["dropped_episodes"] == 0

@@ -10,16 +10,14 @@ regenerated.
 
 from __future__ import annotations
 
-import gzip
-import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Iterator
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from areal_agents.envs.base import Task
 from areal_agents.errors import ConfigError, did_you_mean
+from areal_agents.files import read_jsonl  # re-exported: the task loaders' reader
 
 __all__ = ["ListTaskSource", "TaskSource", "read_jsonl"]
 
@@ -76,29 +74,3 @@ class ListTaskSource:
             raise ConfigError(
                 f"no task {task_id!r} in {self.name}" + did_you_mean(task_id, self._by_id)
             ) from None
-
-
-def read_jsonl(path: str | Path, *, required: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The rows of a JSON-lines file (``.gz`` allowed), each checked for ``required`` keys."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"JSONL file {str(path)!r} does not exist")
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, Mapping):
-                raise ConfigError(f"{path}:{n}: each line must be a JSON object")
-            missing = [k for k in required if k not in row]
-            if missing:
-                raise ConfigError(f"{path}:{n}: missing key(s) {missing}; found {sorted(row)}")
-            rows.append(dict(row))
-    if not rows:
-        raise ConfigError(f"JSONL file {str(path)!r} holds no rows")
-    return rows

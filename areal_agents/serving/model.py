@@ -18,11 +18,10 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from areal_agents.errors import ConfigError, DependencyError
+from areal_agents.files import atomic_directory, atomic_write
 from areal_agents.policies.templates import tool_chat_template
 
 __all__ = [
@@ -111,10 +110,7 @@ def _refresh_template(directory: Path) -> None:
             return
     except OSError:
         pass
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp") as f:
-        f.write(wanted)
-    os.chmod(f.name, 0o644)
-    os.replace(f.name, path)
+    atomic_write(path, wanted)
 
 
 def default_model_path() -> Path:
@@ -129,20 +125,8 @@ def default_model_path() -> Path:
         _refresh_template(target)
         return target
     gguf = find_default_gguf()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}-", dir=target.parent))
-    try:
+    with atomic_directory(target, is_complete=_is_complete) as work:
         _convert(gguf, work)
-        work.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
-        if target.exists() and not _is_complete(target):
-            shutil.rmtree(target, ignore_errors=True)  # a broken leftover (no stamp)
-        try:
-            os.rename(work, target)
-        except OSError:
-            if not _is_complete(target):  # not a lost race: a real failure
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return target
 
 

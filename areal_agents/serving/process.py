@@ -1,8 +1,8 @@
 """One inference server as a child process: start it with a log file, wait for it, stop it.
 
 :class:`ServerProcess` is the lifecycle that the built-in server
-(:class:`~areal_agents.policies.server.BuiltinServer`) and stock vLLM
-(:class:`~areal_agents.policies.vllm.VLLMServer`) share. A subclass says what to run
+(:class:`~areal_agents.serving.server.BuiltinServer`) and stock vLLM
+(:class:`~areal_agents.serving.vllm.VLLMServer`) share. A subclass says what to run
 (:meth:`ServerProcess.command`, :meth:`ServerProcess.environment`), sets the attributes the
 lifecycle reads (``root_url``, ``log_path``, ``process = None``, ``_log = None``) in its
 ``__init__``, and overrides the class attributes that differ (the name in error messages, the
@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import httpx
 
 from areal_agents.errors import EndpointError, WeightSyncError
 
-__all__ = ["ServerProcess", "free_port", "parent_death_hook", "probe_health", "send_request"]
+__all__ = ["ServerProcess", "parent_death_hook", "probe_health", "send_request"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -66,13 +65,6 @@ def parent_death_hook(signum: int = signal.SIGTERM) -> Callable[[], None] | None
             os._exit(1)
 
     return hook
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def probe_health(root_url: str) -> bool:

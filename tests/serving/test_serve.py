@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from areal_agents.policies.process import free_port
-from areal_agents.policies.server import BuiltinServer
-from tests.policies.test_process import kill_and_reap, wait_gone
+from areal_agents.net import free_port
+from areal_agents.serving.server import BuiltinServer
+from tests.serving.test_process import kill_and_reap, wait_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = textwrap.dedent(
     """
     import threading, time, httpx
-    from areal_agents.policies.server import BuiltinServer
+    from areal_agents.serving.server import BuiltinServer
 
     server = BuiltinServer(max_model_len=2048)
     starter = threading.Thread(target=lambda: server.start().wait_ready(timeout=240))
@@ -107,7 +107,7 @@ def test_serve_exits_when_its_parent_pid_is_gone() -> None:
     """The server's own watch (--parent-pid), without PR_SET_PDEATHSIG: a shell starts it
     with the shell's pid and is SIGKILLed; the orphaned server must end by itself."""
     script = (
-        f"{sys.executable} -m areal_agents.policies.serve --parent-pid $$ --port {free_port()} & "
+        f"{sys.executable} -m areal_agents.serving.serve --parent-pid $$ --port {free_port()} & "
         "echo $!; wait"
     )
     shell = subprocess.Popen(["sh", "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)

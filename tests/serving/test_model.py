@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from areal_agents.errors import ConfigError
-from areal_agents.policies.model import (
+from areal_agents.policies.templates import tool_chat_template
+from areal_agents.serving.model import (
     DEFAULT_MODEL_NAME,
     default_model_path,
     find_default_gguf,
     resolve_model,
 )
-from areal_agents.policies.templates import tool_chat_template
 
 
 def test_default_model_is_a_converted_safetensors_copy(model_dir: Path) -> None:

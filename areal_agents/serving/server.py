@@ -18,17 +18,19 @@ from typing import IO, TYPE_CHECKING, Any
 import httpx
 
 from areal_agents.errors import WeightSyncError
-from areal_agents.policies.process import ServerProcess, free_port, probe_health, send_request
-from areal_agents.policies.weight_sync import state_dict_to_bytes
+from areal_agents.net import free_port
+from areal_agents.serving.process import ServerProcess, probe_health, send_request
+from areal_agents.serving.weights import state_dict_to_bytes
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BuiltinServer", "BuiltinServerClient", "free_port"]
+__all__ = ["BuiltinServer", "BuiltinServerClient"]
 
 
 class BuiltinServerClient:
-    """The training routes of a running built-in server (a :class:`WeightSync`)."""
+    """The training routes of a running built-in server (see
+    :class:`~areal_agents.serving.base.InferenceServer`)."""
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
@@ -84,7 +86,7 @@ class BuiltinServerClient:
 
 
 class BuiltinServer(BuiltinServerClient, ServerProcess):
-    """``python -m areal_agents.policies.serve`` as a child process (on 127.0.0.1 by default).
+    """``python -m areal_agents.serving.serve`` as a child process (on 127.0.0.1 by default).
 
     Args:
         model: a local HF directory, or ``"default"`` for the offline SmolLM2-135M-Instruct.
@@ -115,7 +117,7 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
         log_path: str | Path | None = None,
         die_with_parent: bool = True,
     ) -> None:
-        from areal_agents.policies.model import DEFAULT_MODEL_NAME
+        from areal_agents.serving.model import DEFAULT_MODEL_NAME
 
         self.die_with_parent = die_with_parent
         self.model = model
@@ -137,7 +139,7 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
         return [
             sys.executable,
             "-m",
-            "areal_agents.policies.serve",
+            "areal_agents.serving.serve",
             "--model",
             self.model,
             "--served-model-name",

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from areal_agents.policies.engine import Engine, GenerationRequest, GenerationResult
+from areal_agents.serving.engine import Engine, GenerationRequest, GenerationResult
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,6 @@
-"""The weight-sync contract between a trainer and its inference servers, and its helpers.
+"""Helpers for moving weights into a server: safetensors bytes, and tensor shapes checked first.
 
-Both the built-in server's handle (:class:`~areal_agents.policies.server.BuiltinServer`) and
-the vLLM launcher (:class:`~areal_agents.policies.vllm.VLLMServer`) implement
-:class:`WeightSync`. Every method is bounded by a timeout and raises
-:class:`~areal_agents.errors.WeightSyncError` on failure; none ever hangs.
+The contract the servers implement is :class:`~areal_agents.serving.base.InferenceServer`.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ import json
 import struct
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from areal_agents.errors import WeightSyncError
 
@@ -20,39 +17,11 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "WeightSync",
     "check_shapes",
     "checkpoint_shapes",
     "state_dict_shapes",
     "state_dict_to_bytes",
 ]
-
-
-@runtime_checkable
-class WeightSync(Protocol):
-    """Push new policy weights to an inference server and control its generation."""
-
-    def update_weights_from_disk(self, path: str, version: int, timeout: float = 120.0) -> None:
-        """Load the HF safetensors checkpoint at ``path`` and serve it as ``version``."""
-        ...
-
-    def update_weights_from_state_dict(
-        self, state: Mapping[str, torch.Tensor], version: int, timeout: float = 120.0
-    ) -> None:
-        """Serve the tensors of ``state`` (HF parameter names) as ``version``."""
-        ...
-
-    def weight_version(self) -> int:
-        """The version of the weights being served now."""
-        ...
-
-    def pause(self) -> None:
-        """Stop generating; in-flight requests return early with ``finish_reason="abort"``."""
-        ...
-
-    def resume(self) -> None:
-        """Generate again."""
-        ...
 
 
 def state_dict_to_bytes(state: Mapping[str, torch.Tensor]) -> bytes:

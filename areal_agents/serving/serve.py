@@ -1,4 +1,4 @@
-"""``python -m areal_agents.policies.serve --model PATH``: the built-in OpenAI-compatible server.
+"""``python -m areal_agents.serving.serve --model PATH``: the built-in OpenAI-compatible server.
 
 Serves a transformers causal LM (the offline default SmolLM2-135M-Instruct unless ``--model``
 names another local HF directory) on CPU or GPU, bound to 127.0.0.1 unless told otherwise.
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import uvicorn
 
-    from areal_agents.policies.engine import Engine
+    from areal_agents.serving.engine import Engine
 
 __all__ = ["main", "watch_parent"]
 
@@ -92,7 +92,7 @@ def _server(config: uvicorn.Config, engine: Engine, grace_s: float) -> uvicorn.S
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the command line and serve until interrupted."""
     parser = argparse.ArgumentParser(
-        prog="python -m areal_agents.policies.serve", description=__doc__
+        prog="python -m areal_agents.serving.serve", description=__doc__
     )
     parser.add_argument("--model", default="default", help="local HF model directory, or 'default'")
     parser.add_argument("--served-model-name", default=None, help="name clients send as `model`")
@@ -120,9 +120,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     import uvicorn
 
-    from areal_agents.policies.api import create_app
-    from areal_agents.policies.engine import Engine
-    from areal_agents.policies.model import DEFAULT_MODEL_NAME, resolve_model
+    from areal_agents.serving.api import create_app
+    from areal_agents.serving.engine import Engine
+    from areal_agents.serving.model import DEFAULT_MODEL_NAME, resolve_model
 
     logging.basicConfig(level=args.log_level.upper())
     path = resolve_model(args.model)

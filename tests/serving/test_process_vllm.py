@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = textwrap.dedent(
     """
     import sys, threading, time
-    from areal_agents.policies.vllm import VLLMServer
+    from areal_agents.serving.vllm import VLLMServer
 
     server = VLLMServer(python=sys.argv[1], max_model_len=1024, dtype="float32")
     starter = threading.Thread(target=lambda: server.start().wait_ready(timeout=600))

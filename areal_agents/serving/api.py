@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from areal_agents.errors import ConfigError, WeightSyncError
-from areal_agents.policies.engine import Engine, GenerationRequest, GenerationResult
 from areal_agents.policies.templates import render_prompt_ids
+from areal_agents.serving.engine import Engine, GenerationRequest, GenerationResult
 
 __all__ = ["APIError", "ChatRequest", "CompletionRequest", "create_app", "parse_hermes_tool_calls"]
 

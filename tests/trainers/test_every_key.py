@@ -1,0 +1,576 @@
+"""Every algorithm preset and every non-default ``algo.*`` and ``trainer.*`` value has its effect.
+
+Learner-level keys run through :meth:`Learner.train_step` on the tiny model (``model=tiny``, one
+rank in this process, gloo), on a 4-row batch whose behaviour log-probs are the model's own plus
+a chosen offset, so that ratios are known: ``offset=-0.5`` makes ``pi / pi_behav = e^0.5``.
+Loop-level keys are checked where they act: the buffer the loop builds (``buffer_options``), the
+checkpoint rule (``checkpoint_due``), the rollout workers it starts. ``COVERED`` maps every
+config key to the test that checks it; a key without one fails
+:func:`test_every_key_has_a_check`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from areal_agents.net import free_port
+from areal_agents.trainers.algorithms import PRESETS, AlgoConfig
+from areal_agents.trainers.batching import sequence_logprobs
+from areal_agents.trainers.buffer import TrajectoryBuffer
+from areal_agents.trainers.config import ModelConfig, TrainConfig, TrainerConfig
+from areal_agents.trainers.learner import Learner, LearnerSpec
+from areal_agents.trainers.modeling import load_policy, tiny_model_path
+from areal_agents.types import Trajectory
+
+MAX_TOKENS = 8  # the per-turn limit the learner is told (inference.max_tokens)
+
+
+# ---- the fixture: a learner on the tiny model, a batch with known ratios ---------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group() -> Iterator[None]:
+    import torch.distributed as dist
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small tensors: one thread is the fastest on a busy machine
+    yield
+    torch.set_num_threads(threads)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@functools.cache
+def _port() -> int:
+    return free_port()
+
+
+@functools.cache
+def _model() -> Any:
+    return load_policy(tiny_model_path()).eval()
+
+
+@functools.cache
+def _own_logprobs(ids: tuple[int, ...]) -> tuple[float, ...]:
+    """log p(ids[i] | ids[:i]) under the tiny model, 0.0 at position 0."""
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        lp = sequence_logprobs(_model()(input_ids=x).logits, x, 1.0)[0]
+    return (0.0, *lp.tolist())
+
+
+def row(
+    group: str,
+    reward: float,
+    turns: tuple[int, ...] = (5, 3),
+    *,
+    offset: float = 0.0,
+    truncated: bool = False,
+    seed: int = 0,
+) -> Trajectory:
+    """4 prompt tokens, then the turns' policy tokens with 2 tool tokens between them."""
+    mask = [0] * 4
+    for i, n in enumerate(turns):
+        mask += ([0, 0] if i else []) + [1] * n
+    rng = random.Random(f"{group}{reward}{turns}{seed}")
+    ids = tuple(rng.randrange(5, 2000) for _ in mask)
+    own = _own_logprobs(ids)
+    return Trajectory(
+        sequence_ids=ids,
+        loss_mask=tuple(mask),
+        behavior_logprobs=tuple(lp + offset if m else 0.0 for lp, m in zip(own, mask, strict=True)),
+        versions=tuple(0 if m else -1 for m in mask),
+        reward=reward,
+        group_id=group,
+        truncated=truncated,
+    )
+
+
+def batch(offset: float = 0.0, **kw: Any) -> list[Trajectory]:
+    """Two groups of two, rewards 1 and 0 in each: GRPO advantages are +-0.7071."""
+    return [row(g, r, offset=offset, **kw) for g in ("a", "b") for r in (1.0, 0.0)]
+
+
+def learner(algo: AlgoConfig | str = "grpo", **trainer: Any) -> Learner:
+    algo_cfg = AlgoConfig.from_name(algo) if isinstance(algo, str) else algo
+    trainer_cfg = TrainerConfig(**{"lr": 1e-3, "groups_per_step": 2, **trainer})
+    spec = LearnerSpec(
+        model_dir=str(tiny_model_path()),
+        algo=algo_cfg,
+        trainer=trainer_cfg,
+        model=ModelConfig(name="tiny"),
+        temperature=1.0,
+        rank=0,
+        world_size=1,
+        max_response_tokens=MAX_TOKENS,
+    )
+    out = Learner(spec)
+    out.setup("127.0.0.1", _port())
+    return out
+
+
+def algo(preset: str = "grpo", **changes: Any) -> AlgoConfig:
+    return AlgoConfig.from_name(preset).replace(**changes)
+
+
+def step(
+    cfg: AlgoConfig | str = "grpo", data: list[Trajectory] | None = None, **trainer: Any
+) -> dict[str, float]:
+    """The metrics of one train_step of a fresh learner (deterministic, so computed once)."""
+    return dict(_step(cfg, tuple(data if data is not None else batch()), tuple(trainer.items())))
+
+
+@functools.cache
+def _step(
+    cfg: AlgoConfig | str, data: tuple[Trajectory, ...], trainer: tuple[tuple[str, Any], ...]
+) -> dict[str, float]:
+    return learner(cfg, **dict(trainer)).train_step(list(data))
+
+
+def params(lrn: Learner) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in lrn.full_state().items()}
+
+
+def largest_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
+    return max(float((after[k] - before[k]).abs().max()) for k in before)
+
+
+def grad_norm_left(lrn: Learner) -> float:
+    """The norm of the gradients the last update used (after clipping)."""
+    grads = [p.grad for p in lrn.model.parameters() if p.grad is not None]
+    return float(
+        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    )
+
+
+A = 1 / math.sqrt(2)  # GRPO's advantage for rewards (1, 0) in a group: 0.5 / std(1, 0)
+
+
+# ---- presets ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_trains_the_tiny_model(preset: str) -> None:
+    lrn = learner(preset)
+    before = params(lrn)
+    metrics = lrn.train_step(batch(offset=-0.1))
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["grad_norm"] > 0 and largest_change(before, params(lrn)) > 0
+    critic = lrn.spec.algo.needs().critic
+    assert (lrn.critic is not None) == critic == (preset == "ppo")
+    assert ("value/grad_norm" in metrics) == critic
+    assert metrics["advantage/abs_mean"] > 0
+
+
+# ---- algo.*: the loss ------------------------------------------------------------------------
+
+
+def test_loss_decoupled_ppo_takes_the_ratio_against_the_step_start_policy() -> None:
+    stale = batch(offset=-2.0)  # pi / pi_behav = e^2, above the cap 5
+    ppo = step(algo(loss="ppo_clip"), stale)
+    dec = step(algo(loss="decoupled_ppo"), stale)
+    assert ppo["ratio/mean"] == pytest.approx(math.exp(2.0), rel=1e-3)
+    assert dec["ratio/mean"] == pytest.approx(1.0, abs=1e-4)  # one update: current, detached
+    assert dec["behavior/weight/mean"] == pytest.approx(math.exp(2.0), rel=1e-3)
+    assert dec["behavior/capped_frac"] == 1.0
+    two = learner(algo(loss="decoupled_ppo"), ppo_epochs=2)
+    assert two.needs.proximal_pass and not learner(algo(), ppo_epochs=2).needs.proximal_pass
+
+
+def test_clip_eps_low_and_high() -> None:
+    low = batch(offset=0.5)  # ratio e^-0.5 = 0.61: clipped below 0.8 where A < 0
+    assert step("grpo", low)["clip/low_frac"] == pytest.approx(0.5)
+    assert step(algo(clip_eps_low=0.5), low)["clip/low_frac"] == 0.0
+    high = batch(offset=-0.5)  # ratio e^0.5 = 1.65: clipped above 1.2 where A > 0
+    assert step("grpo", high)["clip/high_frac"] == pytest.approx(0.5)
+    assert step(algo(clip_eps_high=0.8), high)["clip/high_frac"] == 0.0
+
+
+def test_dual_clip_c_bounds_negative_advantage_tokens() -> None:
+    far = batch(offset=-1.5)  # ratio e^1.5 = 4.5 > c = 3
+    assert step("grpo", far)["clip/dual_frac"] == 0.0
+    assert step(algo(dual_clip_c=3.0), far)["clip/dual_frac"] == pytest.approx(0.5)
+
+
+def test_behavior_imp_cap_and_mode() -> None:
+    stale = batch(offset=-2.0)  # w = e^2 = 7.4 > 5 on every token
+    assert (
+        step(algo(loss="decoupled_ppo", behavior_imp_cap=None), stale)["behavior/capped_frac"]
+        == 0.0
+    )
+    truncate = step(algo(loss="decoupled_ppo"), stale)
+    masked = step(algo(loss="decoupled_ppo", behavior_imp_mode="mask"), stale)
+    assert truncate["grad_norm"] > 0
+    assert masked["grad_norm"] == 0.0 and masked["loss/policy"] == 0.0  # every token dropped
+
+
+def test_max_log_ratio_clamps_the_ratio() -> None:
+    out = step(algo(max_log_ratio=0.1), batch(offset=-0.5))
+    assert out["ratio/max"] == pytest.approx(math.exp(0.1), rel=1e-4)
+
+
+def test_aggregation_and_norm_tokens() -> None:
+    # ratio 1, so the per-token loss is -A; rows of 8 and 3 policy tokens, A = +-A per group
+    data = [row(g, r, (5, 3) if r else (2, 1)) for g in ("a", "b") for r in (1.0, 0.0)]
+    n_pos, n_neg, width = 8, 3, len(data[0].sequence_ids) - 1
+    token_sum = -(2 * n_pos * A - 2 * n_neg * A)
+    expected = {
+        "token_mean": token_sum / (2 * n_pos + 2 * n_neg),
+        "seq_mean_token_mean": 0.0,  # the mean of per-row means: -A, +A, -A, +A
+        "seq_sum_norm": token_sum / (4 * width),
+    }
+    for mode, value in expected.items():
+        assert step(algo(aggregation=mode), data)["loss/policy"] == pytest.approx(value, abs=1e-5)
+    normed = step(algo(aggregation="seq_sum_norm", norm_tokens=100), data)["loss/policy"]
+    assert normed == pytest.approx(token_sum / (4 * 100), abs=1e-6)
+
+
+def test_kl_coef_kl_estimator_and_kl_in_reward() -> None:
+    base = step("grpo")
+    assert "kl_ref" not in base and learner("grpo").ref is None
+    lrn = learner(algo(kl_coef=1.0))
+    k3 = lrn.train_step(batch())
+    assert lrn.ref is not None and k3["kl_ref"] == pytest.approx(0.0, abs=1e-6)
+    # at ref == current, k3's gradient is 0 and k1's (d/dlp of lp - ref = 1) is not
+    assert k3["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-4)
+    k1 = step(algo(kl_coef=1.0, kl_estimator="k1"))
+    assert k1["grad_norm"] != pytest.approx(base["grad_norm"], rel=1e-2)
+    k2 = step(algo(kl_coef=1.0, kl_estimator="k2"))  # d/dlp of (lp - ref)^2 / 2 = 0 too
+    assert k2["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-4)
+    # in the reward: no KL term in the loss, the penalty moves the advantages instead
+    # rows of 8 and 3 policy tokens: the per-token penalty adds up to different row totals
+    stale = [row(g, r, (5, 3) if r else (2, 1), offset=-0.5) for g in "ab" for r in (1.0, 0.0)]
+    in_loss = step(algo("dr_grpo", kl_coef=0.5), stale)
+    in_reward = step(algo("dr_grpo", kl_coef=0.5, kl_in_reward=True), stale)
+    assert "loss/kl" in in_loss and "loss/kl" not in in_reward and "kl_ref" in in_reward
+    assert in_loss["advantage/abs_mean"] == pytest.approx(0.5)  # r - group mean, r in {0, 1}
+    k3 = math.exp(0.5) - 1 - 0.5  # per token: behaviour - ref = -0.5
+    gap = 1 - 0.5 * k3 * (8 - 3)  # the rewarded row pays for 8 tokens, the other for 3
+    assert in_reward["advantage/abs_mean"] == pytest.approx(gap / 2, rel=1e-4)
+
+
+def test_entropy_coef_subtracts_the_entropy_bonus() -> None:
+    out = step(algo(entropy_coef=0.01))
+    assert out["loss/entropy"] > 0
+    assert out["loss/total"] == pytest.approx(out["loss/policy"] - 0.01 * out["loss/entropy"])
+    assert "loss/entropy" not in step("grpo")
+
+
+# ---- algo.*: advantages ----------------------------------------------------------------------
+
+
+def test_grpo_std_keys_change_the_advantages_as_documented() -> None:
+    assert step("grpo")["advantage/abs_mean"] == pytest.approx(A, rel=1e-4)
+    assert step(algo(std_normalize=False))["advantage/abs_mean"] == pytest.approx(0.5)
+    assert step(algo(std_unbiased=False))["advantage/abs_mean"] == pytest.approx(1.0, rel=1e-4)
+    assert step(algo(adv_eps=1.0))["advantage/abs_mean"] == pytest.approx(0.5 / (A + 1.0))
+    # batch scope: group b is uniform (adv 0); group a is divided by the batch's std
+    data = [row("a", 1.0), row("a", 0.0), row("b", 1.0), row("b", 1.0)]
+    batch_std = float(torch.tensor([1.0, 0.0, 1.0, 1.0]).std())
+    out = step(algo(std_scope="batch"), data)["advantage/abs_mean"]
+    assert out == pytest.approx((0.5 / batch_std) / 2, rel=1e-4)
+    n = 4 * 8  # whitened over all policy tokens: +-sqrt((n - 1) / n)
+    white = step(algo(whiten_advantages=True))["advantage/abs_mean"]
+    assert white == pytest.approx(math.sqrt((n - 1) / n), rel=1e-4)
+
+
+def test_running_baseline_moves_and_is_checkpointed(tmp_path: Path) -> None:
+    lrn = learner(algo("reinforce", baseline="running"))
+    first = lrn.train_step(batch())  # rewards 1, 0, 1, 0: the first batch sets b = 0.5
+    assert first["baseline/running"] == 0.5 and first["advantage/abs_mean"] == 0.5
+    ones = [row(g, 1.0, seed=s) for g in ("a", "b") for s in (1, 2)]
+    second = lrn.train_step(ones)  # advantages against the old b: 1 - 0.5
+    assert second["advantage/abs_mean"] == pytest.approx(0.5)
+    assert second["baseline/running"] == pytest.approx(0.9 * 0.5 + 0.1 * 1.0)
+    lrn.save_checkpoint(str(tmp_path))
+    again = learner(algo("reinforce", baseline="running"))
+    assert again.baseline is not None and again.baseline.value == 0.0
+    again.load_checkpoint(str(tmp_path))
+    assert again.baseline.state_dict() == lrn.baseline.state_dict()  # type: ignore[union-attr]
+    batch_mean = step(algo("reinforce"), ones)["advantage/abs_mean"]  # batch baseline: 1 - 1
+    assert batch_mean == 0.0
+    assert step(algo("reinforce", baseline="none"))["advantage/abs_mean"] == pytest.approx(0.5)
+
+
+def test_gamma_and_lam_discount_gae_over_policy_tokens() -> None:
+    # the critic's head starts at 0, so GAE's advantage of a token k steps before the end is
+    # (gamma * lam)^k * r; rows of 8 policy tokens, rewards 1, 0, 1, 0
+    def gae(**kw: Any) -> float:
+        cfg = AlgoConfig(advantage="gae", whiten_advantages=False, **kw)
+        return step(cfg)["advantage/abs_mean"]
+
+    def expected(decay: float) -> float:
+        return 2 * sum(decay**k for k in range(8)) / 32
+
+    assert gae() == pytest.approx(expected(1.0), rel=1e-5)
+    assert gae(gamma=0.5) == pytest.approx(expected(0.5), rel=1e-5)
+    assert gae(lam=0.5) == pytest.approx(expected(0.5), rel=1e-5)
+
+
+def test_vf_coef_scales_the_critic_gradient_and_vf_clip_bounds_it() -> None:
+    half = step(algo("ppo"))
+    full = step(algo("ppo", vf_coef=1.0))
+    assert full["value/grad_norm"] == pytest.approx(2 * half["value/grad_norm"], rel=1e-4)
+    # on the second epoch the values have moved from the old ones: a tiny clip range bites
+    tiny = step(algo("ppo", vf_clip=1e-6), ppo_epochs=2, lr=1e-2)
+    free = step(algo("ppo", vf_clip=None), ppo_epochs=2, lr=1e-2)
+    assert tiny["value/clip_frac"] > 0 and free["value/clip_frac"] == 0.0
+
+
+def test_overlong_buffer_and_penalty_shape_the_reward() -> None:
+    # turns of 5 and 3 tokens against a limit of 8: buffer 4 starts at 4, so -1/4 * penalty
+    out = step(algo(overlong_buffer=4))
+    assert out["filter/overlong_penalty"] == pytest.approx(-0.25)
+    assert out["filter/overlong_rows"] == 4.0
+    doubled = step(algo(overlong_buffer=4, overlong_penalty=2.0))
+    assert doubled["filter/overlong_penalty"] == pytest.approx(-0.5)
+    assert "filter/overlong_penalty" not in step("grpo")
+    # a shorter row is not penalised, so its group's advantages change
+    data = [row("a", 1.0, (2, 1)), row("a", 1.0), row("b", 1.0), row("b", 0.0)]
+    shaped = step(algo(overlong_buffer=4), data)
+    assert shaped["filter/overlong_rows"] == 3.0
+    assert shaped["advantage/abs_mean"] != pytest.approx(step("grpo", data)["advantage/abs_mean"])
+
+
+def test_mask_truncated_row_contributes_no_gradient() -> None:
+    data = [row("a", 1.0, truncated=True), row("a", 0.0), row("b", 1.0), row("b", 0.0)]
+    zeroed = [dataclasses.replace(data[0], loss_mask=(0,) * len(data[0].loss_mask)), *data[1:]]
+    masked = learner(algo(mask_truncated=True))
+    by_hand = learner("grpo")
+    plain = learner("grpo")
+    start = params(masked)
+    out = masked.train_step(data)
+    by_hand.train_step(zeroed)
+    plain.train_step(data)
+    assert out["filter/truncated_masked_rows"] == 1.0
+    # the same update as with that row's loss mask zeroed (its reward still sets the baseline)
+    assert largest_change(params(masked), params(by_hand)) < 1e-7
+    assert largest_change(params(masked), params(plain)) > 1e-5
+    assert largest_change(start, params(masked)) > 1e-5
+
+
+def test_name_labels_the_run_directory() -> None:
+    cfg = TrainConfig(algo=AlgoConfig.from_name("grpo").replace(name="my_grpo"))
+    assert cfg.run_dir().name == "code_sandbox-my_grpo"
+
+
+# ---- trainer.*: the learner ------------------------------------------------------------------
+
+
+def test_lr_warmup_and_schedules() -> None:
+    for lr, warmup, first_change in ((1e-3, 0, 1e-3), (1e-6, 0, 1e-6), (1e-3, 4, 1e-3 / 4)):
+        lrn = learner(lr=lr, warmup_steps=warmup)
+        before = params(lrn)
+        lrn.train_step(batch())  # Adam's first step moves a parameter by about lr * factor
+        assert largest_change(before, params(lrn)) == pytest.approx(first_change, rel=0.05)
+    assert learner(warmup_steps=4).train_step(batch())["lr"] == pytest.approx(1e-3 * 2 / 4)
+    assert step(lr_schedule="linear", total_steps=4)["lr"] == pytest.approx(1e-3 * 0.75)
+    cosine = step(lr_schedule="cosine", total_steps=4)["lr"]
+    assert cosine == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert step()["lr"] == 1e-3  # constant
+
+
+def test_weight_decay_and_betas() -> None:
+    empty = [dataclasses.replace(t, loss_mask=(0,) * len(t.loss_mask)) for t in batch()]
+    lrn = learner(lr=0.1, weight_decay=0.5)
+    before = params(lrn)
+    lrn.train_step(empty)  # no gradient: AdamW only decays, by lr * weight_decay
+    after = params(lrn)
+    assert all(torch.allclose(after[k], before[k] * 0.95, atol=1e-7) for k in before)
+    odd = learner(betas=(0.5, 0.6))
+    assert odd.optimizer.param_groups[0]["betas"] == (0.5, 0.6)
+    usual = learner()
+    for lrn in (odd, usual):  # Adam's first step is independent of the betas; the second not
+        lrn.train_step(batch())
+        lrn.train_step(batch(offset=-0.2))
+    assert largest_change(params(odd), params(usual)) > 1e-5
+
+
+def test_max_grad_norm_clips_the_update() -> None:
+    clipped = learner(max_grad_norm=1e-6)
+    metrics = clipped.train_step(batch())
+    assert metrics["grad_norm"] > 1e-5  # reported before clipping...
+    assert grad_norm_left(clipped) == pytest.approx(1e-6, rel=1e-2)  # ...applied after it
+    free = learner(max_grad_norm=0)
+    metrics = free.train_step(batch())
+    assert grad_norm_left(free) == pytest.approx(metrics["grad_norm"], rel=1e-4)
+
+
+def test_micro_batch_tokens_split_the_work_not_the_update() -> None:
+    calls = []
+    small, large = learner(micro_batch_tokens=16), learner()
+    small.model.register_forward_hook(lambda *a: calls.append(1))
+    m_small, m_large = small.train_step(batch()), large.train_step(batch())
+    assert len(calls) == 4  # 14-token rows: one row per 16-token micro-batch
+    assert m_small["loss/policy"] == pytest.approx(m_large["loss/policy"], abs=1e-6)
+    assert m_small["grad_norm"] == pytest.approx(m_large["grad_norm"], rel=1e-5)
+    assert grad_norm_left(small) == pytest.approx(grad_norm_left(large), rel=1e-5)
+
+
+def test_ppo_epochs_and_minibatches_are_optimizer_updates() -> None:
+    for kw, updates in (({"ppo_epochs": 2}, 2), ({"minibatches": 2}, 2), ({}, 1)):
+        lrn = learner(**kw)
+        lrn.train_step(batch())
+        state = lrn.optimizer.state_dict()["state"]
+        assert {int(s["step"]) for s in state.values()} == {updates}, kw
+
+
+def test_torch_threads_and_seed_reach_the_learner() -> None:
+    lrn = learner(torch_threads=1, seed=7)
+    assert torch.get_num_threads() == 1
+    assert torch.initial_seed() == 7 and lrn.spec.trainer.seed == 7
+
+
+# ---- trainer.* and algo.dynamic_sampling: the loop -------------------------------------------
+
+
+def buffer_for(*overrides: str) -> TrajectoryBuffer:
+    from areal_agents.config import load_config
+    from areal_agents.trainers.loop import buffer_options
+
+    cfg = load_config(TrainConfig, ["env=calculator", "env.group_size=2", *overrides])
+    return TrajectoryBuffer(**buffer_options(cfg))
+
+
+def test_mode_max_staleness_and_groups_per_step_bound_admission() -> None:
+    assert len(buffer_for("trainer.mode=sync").admit(100)) == 2  # (0 + 1) * G
+    assert len(buffer_for().admit(100)) == 6  # async default: (2 + 1) * G
+    assert len(buffer_for("trainer.max_staleness=4").admit(100)) == 10
+    assert len(buffer_for("trainer.groups_per_step=3", "trainer.mode=sync").admit(100)) == 3
+
+
+def test_batch_order_seed_and_dynamic_sampling_reach_the_buffer() -> None:
+    assert buffer_for("trainer.batch_order=admission").batch_order == "admission"
+    seeds = [r.seed for r, _ in buffer_for().admit(3)]
+    assert [r.seed for r, _ in buffer_for("trainer.seed=1").admit(3)] != seeds
+    uniform = [row("a", 1.0), row("a", 1.0)]
+    plain = buffer_for()
+    assert plain.complete(plain.admit(1)[0][0].index, uniform) == "ready"
+    buf = buffer_for("algo=dapo")  # dynamic sampling: a uniform group is dropped...
+    admitted = buf.admit(100)
+    assert len(admitted) == 6 and buf.admit(100) == []
+    assert buf.complete(admitted[0][0].index, uniform) == "filtered"
+    assert len(buf.admit(100)) == 1  # ...and another task takes its slot
+
+
+def test_checkpoint_every_and_total_steps() -> None:
+    from areal_agents.config import load_config
+    from areal_agents.trainers.loop import checkpoint_due
+
+    def due(*overrides: str) -> list[int]:
+        cfg = load_config(TrainConfig, ["env=calculator", "trainer.total_steps=5", *overrides])
+        return [s for s in range(1, 6) if checkpoint_due(s, cfg)]
+
+    assert due() == [1, 2, 3, 4, 5]
+    assert due("trainer.checkpoint_every=2") == [2, 4, 5]
+    assert due("trainer.checkpoint_every=0") == [5]  # the last step always
+
+
+def test_rollout_workers_and_concurrent_groups_shape_the_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from areal_agents.config import load_config
+    from areal_agents.trainers import loop
+
+    made: list[dict[str, Any]] = []
+
+    class FakeActor:
+        def options(self, **options: Any) -> FakeActor:
+            return self
+
+        def remote(self, **kwargs: Any) -> dict[str, Any]:
+            made.append(kwargs)
+            return kwargs
+
+    monkeypatch.setattr(loop, "remote_class", lambda cls: FakeActor())
+    cfg = load_config(
+        TrainConfig,
+        ["env=calculator", "trainer.rollout_workers=3", "trainer.max_concurrent_groups=5"],
+    )
+    server = type("S", (), {"base_url": "http://127.0.0.1:1/v1"})()
+    loop.start_workers(cfg, [server], Path("m"), buffer=None)
+    assert [w["worker_id"] for w in made] == [0, 1, 2]
+    assert {w["max_concurrent_groups"] for w in made} == {5}
+
+
+# ---- every key has a check -------------------------------------------------------------------
+
+#: config key -> the test that checks its effect (tests in other files are named by path).
+COVERED: dict[str, str] = {
+    "algo.advantage": "test_every_preset_trains_the_tiny_model",
+    "algo.name": "test_name_labels_the_run_directory",
+    "algo.loss": "test_loss_decoupled_ppo_takes_the_ratio_against_the_step_start_policy",
+    "algo.clip_eps_low": "test_clip_eps_low_and_high",
+    "algo.clip_eps_high": "test_clip_eps_low_and_high",
+    "algo.dual_clip_c": "test_dual_clip_c_bounds_negative_advantage_tokens",
+    "algo.behavior_imp_cap": "test_behavior_imp_cap_and_mode",
+    "algo.behavior_imp_mode": "test_behavior_imp_cap_and_mode",
+    "algo.aggregation": "test_aggregation_and_norm_tokens",
+    "algo.norm_tokens": "test_aggregation_and_norm_tokens",
+    "algo.kl_coef": "test_kl_coef_kl_estimator_and_kl_in_reward",
+    "algo.kl_estimator": "test_kl_coef_kl_estimator_and_kl_in_reward",
+    "algo.kl_in_reward": "test_kl_coef_kl_estimator_and_kl_in_reward",
+    "algo.entropy_coef": "test_entropy_coef_subtracts_the_entropy_bonus",
+    "algo.std_normalize": "test_grpo_std_keys_change_the_advantages_as_documented",
+    "algo.std_scope": "test_grpo_std_keys_change_the_advantages_as_documented",
+    "algo.std_unbiased": "test_grpo_std_keys_change_the_advantages_as_documented",
+    "algo.adv_eps": "test_grpo_std_keys_change_the_advantages_as_documented",
+    "algo.whiten_advantages": "test_grpo_std_keys_change_the_advantages_as_documented",
+    "algo.baseline": "test_running_baseline_moves_and_is_checkpointed",
+    "algo.gamma": "test_gamma_and_lam_discount_gae_over_policy_tokens",
+    "algo.lam": "test_gamma_and_lam_discount_gae_over_policy_tokens",
+    "algo.vf_coef": "test_vf_coef_scales_the_critic_gradient_and_vf_clip_bounds_it",
+    "algo.vf_clip": "test_vf_coef_scales_the_critic_gradient_and_vf_clip_bounds_it",
+    "algo.max_log_ratio": "test_max_log_ratio_clamps_the_ratio",
+    "algo.dynamic_sampling": "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer",
+    "algo.overlong_buffer": "test_overlong_buffer_and_penalty_shape_the_reward",
+    "algo.overlong_penalty": "test_overlong_buffer_and_penalty_shape_the_reward",
+    "algo.mask_truncated": "test_mask_truncated_row_contributes_no_gradient",
+    "trainer.mode": "test_mode_max_staleness_and_groups_per_step_bound_admission",
+    "trainer.max_staleness": "test_mode_max_staleness_and_groups_per_step_bound_admission",
+    "trainer.groups_per_step": "test_mode_max_staleness_and_groups_per_step_bound_admission",
+    "trainer.total_steps": "test_checkpoint_every_and_total_steps",
+    "trainer.batch_order": "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer",
+    "trainer.seed": "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer",
+    "trainer.lr": "test_lr_warmup_and_schedules",
+    "trainer.warmup_steps": "test_lr_warmup_and_schedules",
+    "trainer.lr_schedule": "test_lr_warmup_and_schedules",
+    "trainer.weight_decay": "test_weight_decay_and_betas",
+    "trainer.betas": "test_weight_decay_and_betas",
+    "trainer.max_grad_norm": "test_max_grad_norm_clips_the_update",
+    "trainer.micro_batch_tokens": "test_micro_batch_tokens_split_the_work_not_the_update",
+    "trainer.ppo_epochs": "test_ppo_epochs_and_minibatches_are_optimizer_updates",
+    "trainer.minibatches": "test_ppo_epochs_and_minibatches_are_optimizer_updates",
+    "trainer.torch_threads": "test_torch_threads_and_seed_reach_the_learner",
+    "trainer.rollout_workers": "test_rollout_workers_and_concurrent_groups_shape_the_workers",
+    "trainer.max_concurrent_groups": (
+        "test_rollout_workers_and_concurrent_groups_shape_the_workers"
+    ),
+    "trainer.checkpoint_every": "test_checkpoint_every_and_total_steps",
+    "trainer.learner_ranks": "tests/trainers/test_fsdp_equivalence.py",
+    "trainer.keep_checkpoints": "tests/trainers/test_checkpoint.py",
+    "trainer.resume": "tests/test_train.py",
+    "trainer.time_budget_s": "tests/test_train.py",
+}
+
+
+def test_every_key_has_a_check() -> None:
+    keys = {f"algo.{f.name}" for f in dataclasses.fields(AlgoConfig)}
+    keys |= {f"trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)}
+    assert sorted(keys - set(COVERED)) == [], "a config key without a test of its effect"
+    assert sorted(set(COVERED) - keys) == [], "a test table entry for a key that is gone"
+    root = Path(__file__).resolve().parents[2]
+    for target in set(COVERED.values()):
+        if target.startswith("tests/"):
+            assert (root / target).is_file(), target
+        else:
+            assert callable(globals().get(target)), target
