@@ -25,8 +25,9 @@ all of these hold, each outside the program's reach:
 Anything else (the wrapper was OOM-killed, the stream did not end ``_GRACE_S`` after the time
 limit, the line is missing or inconsistent, something survived) and the host kills the whole
 container through the engine before the call returns, so nothing of the program outlives the
-call, reports exit code 137 (``timed_out`` when the limit had passed), and takes a fresh
-container from the pool for the next call. As root's ``timeout`` and sweep cannot be stopped, a
+call; it reports the exit code the engine recorded for the exec (137 when there is none),
+``timed_out`` when the limit had passed, a note on stderr, and takes a fresh container from
+the pool for the next call. As root's ``timeout`` and sweep cannot be stopped, a
 program that stops every process it may signal (``kill(-1, SIGSTOP)``) still ends on time.
 
 File operations run as uid 65534 and follow the rules every backend shares (``_inputs``): a
