@@ -415,16 +415,40 @@ class LocalSandbox(BaseSandbox):
         return None
 
     def _resolve(self, path: str) -> Path:
-        """``path`` inside the work directory; symlinks may not lead out of it."""
+        """``path`` inside the work directory, its symlinks resolved as the program sees them
+        (an absolute target names a path in the sandbox, where the work directory is
+        ``work_path``); a link that leads out of the work directory is refused."""
         self._check_open()
-        rel = work_relpath(path, self.work_path)
+        pending = work_relpath(path, self.work_path).split("/")
         root = self.work_dir.resolve()
-        target = (root / rel).resolve()
-        if target == root:
+        inside = self.work_path.rstrip("/")
+        done: list[str] = []
+        links = 0
+        while pending:
+            part = pending.pop(0)
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not done:
+                    raise problem("outside", path)
+                done.pop()
+                continue
+            try:
+                target = os.readlink(root.joinpath(*done, part))
+            except OSError:  # not a link, or missing: taken as it is, as realpath -m does
+                done.append(part)
+                continue
+            links += 1
+            if links > 40:
+                raise ToolError(f"cannot access {path!r}: too many levels of symbolic links")
+            if target.startswith("/"):
+                if target != inside and not target.startswith(inside + "/"):
+                    raise problem("outside", path)
+                done, target = [], target[len(inside) :]
+            pending = target.split("/") + pending
+        if not done:
             raise problem("workdir", path)
-        if root not in target.parents:
-            raise problem("outside", path)
-        return target
+        return root.joinpath(*done)
 
     def _make_parents(self, target: Path, path: str) -> None:
         """Create the missing directories above ``target``, owned by the sandbox's uid."""

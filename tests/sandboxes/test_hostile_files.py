@@ -152,3 +152,11 @@ def test_every_backend_refuses_with_the_same_words(any_sandbox: Make):
             except ToolError as e:
                 seen[path] = str(e)
     assert seen == expected
+
+
+def test_an_absolute_symlink_into_the_work_dir_is_followed(any_sandbox: Make):
+    with any_sandbox() as sb:
+        sb.write_file("data.txt", "one")
+        sb.run('ln -s "$PWD/data.txt" alias && ln -s "$PWD/../etc/passwd" sneaky', timeout=5)
+        assert sb.read_file("alias") == b"one"
+        _refused(lambda: sb.read_file("sneaky"), "leads outside")
