@@ -5,12 +5,17 @@
 not the call), stdout and stderr are capped as they arrive, and the exit code comes from the
 engine (``exec_inspect``), never from the output.
 
-The scripts run as the container's root, which holds only the capabilities ``KILL``, ``SETUID``,
-``SETGID`` and ``SYS_CHROOT`` (see ``docker_pool``): :data:`WRAPPER` supervises one run (the
-design is in ``docker``'s module docstring) and :data:`RESET` cleans a container between
-episodes. Both kill with :data:`_FUNCS`' ``killall``: root sends SIGKILL to every process whose
-real uid is the sandbox user's, found in ``/proc``, until none is left; a program cannot signal,
-stop or trace root, so nothing it does can keep that loop from running.
+:data:`WRAPPER` runs as the container's root, which holds only the capabilities ``KILL``,
+``SETUID``, ``SETGID`` and ``SYS_CHROOT`` (see ``docker_pool``), and supervises one run (the
+design is in ``docker``'s module docstring). It kills with ``killall``: root sends SIGKILL to
+every process whose real uid is the sandbox user's, found in ``/proc``, until none is left; a
+program cannot signal, stop or trace root, so nothing it does can keep that loop from running.
+
+:func:`reset_container` cleans a container between episodes with one exec of ``._wipe`` as the
+sandbox user: SIGKILL to every other process of that user (after a run's root sweep there is
+none), then the writable places emptied and restored, then a count of what is left. Should a
+process of the user have survived anyway and fight the reset (stop or kill it), the reset fails
+or misses its deadline, and the container is replaced rather than reused.
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ from typing import Any
 
 from areal_agents.errors import SandboxError
 
-__all__ = ["RESET", "SANDBOX_USER", "STATUS_VAR", "WRAPPER", "parse_status", "reset_container"]
+__all__ = ["SANDBOX_USER", "STATUS_VAR", "WRAPPER", "parse_status", "reset_container"]
 
 SANDBOX_UID = 65534
 SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 ROOT_USER = "0:0"
 STATUS_VAR = "AREAL_STATUS_MARK"  # the wrapper's per-call secret, only in root's environment
 ENV = {"HOME": "/work", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1"}
+_RESET_S = 30.0  # a reset that takes longer is given up and the container replaced
 _DROP = f"/usr/sbin/chroot --userspec={SANDBOX_USER} --groups= --skip-chdir /"
 
 # oom: the cgroup's oom_kill counter into $n (v1 or v2). sweep: SIGKILL every live process of
@@ -76,21 +82,6 @@ killall
 oom
 printf '\n%s %s %s %s\n' "$m" "$rc" "$((n-o))" "$s" >&3
 exit $rc
-"""
-)
-
-# $1: the source of ._wipe. Kill, then empty and restore the writable places as the sandbox
-# user (./_wipe.py prints "LEFT IPC BAD"), then kill again and add the survivors: anything
-# but "0 0 0 0" means the container is replaced.
-RESET = (
-    _FUNCS
-    + rf"""
-exec 2>/dev/null
-killall
-cd / || exit 1
-{_DROP} python3 -I -S -c "$1"
-killall
-echo "$s"
 """
 )
 
@@ -263,11 +254,10 @@ def reset_container(client: Any, container_id: str) -> bool:
     ``/tmp``, ``/dev/shm``, ``/dev/mqueue``, System V IPC); True if the container is now as new."""
     try:
         out, _, _, code, _ = _Exec(client, container_id)(
-            ["/bin/sh", "-c", RESET, "sh", _WIPE_SOURCE],
+            ["python3", "-I", "-S", "-c", _WIPE_SOURCE],
             stdin=None,
-            deadline=time.monotonic() + 60,
+            deadline=time.monotonic() + _RESET_S,
             caps=(4096, 4096),
-            user=ROOT_USER,
         )
     except SandboxError:
         return False

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import time
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~9 ms of a reset
 if TYPE_CHECKING:
@@ -213,11 +214,42 @@ def _sysv_ipc_left(remove: bool) -> int:
     return sum(len(v) for v in ids.values())
 
 
+def _others_alive() -> int:
+    """Live processes of this user other than this one, after SIGKILL to all of them."""
+    me, uid = os.getpid(), str(os.getuid())
+    if uid == "0":  # kill(-1) as root would end every process of the machine: never
+        raise PermissionError("the container reset runs as the sandbox user, not as root")
+    count = 0
+    for _ in range(20):
+        try:  # noqa: SIM105
+            os.kill(-1, 9)  # SIGKILL to every process this user may signal, never to itself
+        except OSError:
+            pass  # ESRCH: there is none
+        count = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == me:
+                continue
+            try:
+                with open(f"/proc/{name}/status") as f:
+                    fields = dict(line.split(":", 1) for line in f if ":" in line)
+            except OSError:
+                continue
+            state = fields.get("State", "?").split()[0]
+            if fields.get("Uid", "").split()[:1] == [uid] and state not in ("Z", "X"):
+                count += 1
+        if count == 0:
+            return 0
+        time.sleep(0.01)
+    return count
+
+
 def reset_container_dirs(work: str = "/work", mode: int = 0o700) -> str:
-    """Inside a sandbox container, as the sandbox user, with none of its processes left:
+    """Inside a sandbox container, as the sandbox user: kill every other process of that user;
     empty ``work``, ``/tmp``, ``/dev/shm`` and ``/dev/mqueue``; give ``work`` back its mode, no
     extended attributes or ACLs, and fresh times; delete System V IPC objects. Returns
-    ``"LEFT IPC BAD"``: entries left, IPC objects left, and 1 when ``work`` is not as new."""
+    ``"LEFT IPC BAD LIVE"``: entries left, IPC objects left, 1 when ``work`` is not as new, and
+    processes of the user still alive."""
+    _others_alive()
     left = 0
     try:  # noqa: SIM105
         os.chmod(work, mode)  # an episode may have left it unreadable (chmod 000 /work)
@@ -245,7 +277,7 @@ def reset_container_dirs(work: str = "/work", mode: int = 0o700) -> str:
             os.utime(d)  # now: no time an episode chose survives it
         except OSError:
             pass
-    return f"{left} {_sysv_ipc_left(remove=True)} {bad}"
+    return f"{left} {_sysv_ipc_left(remove=True)} {bad} {_others_alive()}"
 
 
 if __name__ == "__main__":  # python3 -I -S -c SOURCE, inside a container

@@ -101,3 +101,14 @@ def test_a_branching_tree_deeper_than_the_open_directories_is_counted_exactly(tm
             expected += os.lstat(os.path.join(root, name)).st_blocks * 512
     assert disk_usage(tmp_path) == expected
     assert clear_dir(tmp_path) == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_the_container_reset_refuses_to_run_as_root(monkeypatch: pytest.MonkeyPatch):
+    from areal_agents.sandboxes import _wipe
+
+    killed = []
+    monkeypatch.setattr(_wipe.os, "getuid", lambda: 0)
+    monkeypatch.setattr(_wipe.os, "kill", lambda *a: killed.append(a))
+    with pytest.raises(PermissionError):
+        _wipe.reset_container_dirs()
+    assert killed == []
