@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["clear_dir", "disk_usage", "remove_tree", "reset_container_dirs", "walk"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_KEEP_FDS = 32  # directories held open at once (the shallowest levels); deeper ones reopen ".."
+# Directories held open at once (the shallowest levels; deeper ones reopen ".."), well within
+# the descriptor limit, which a sandbox may set low.
+_KEEP_FDS = max(2, min(32, os.sysconf("SC_OPEN_MAX") // 8))
 
 
 class _Level:
