@@ -37,6 +37,7 @@ SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
 ROOT_USER = "0:0"
 STATUS_VAR = "AREAL_STATUS_MARK"  # the wrapper's per-call secret, only in root's environment
 ENV = {"HOME": "/work", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1"}
+_INSPECT_S = 5.0  # how long the engine may take to record an exit after the stream ended
 _RESET_S = 30.0  # a reset that takes longer is given up and the container replaced
 _DROP = f"/usr/sbin/chroot --userspec={SANDBOX_USER} --groups= --skip-chdir /"
 
@@ -147,8 +148,8 @@ class _Exec:
         """The exec's exit code as the engine recorded it (it may lag the stream's end)."""
         import docker.errors
 
-        wait = 0.002
-        for _ in range(12):
+        wait, give_up = 0.002, time.monotonic() + _INSPECT_S
+        while True:
             try:
                 info = self.api.exec_inspect(eid)
             except docker.errors.APIError:
@@ -156,9 +157,10 @@ class _Exec:
             if not info.get("Running"):
                 code = info.get("ExitCode")
                 return int(code) if code is not None else None
+            if time.monotonic() > give_up:
+                return None
             time.sleep(wait)
             wait = min(wait * 2, 0.25)
-        return None
 
 
 class _Frames:
