@@ -42,7 +42,9 @@ _RESET_S = 30.0  # a reset that takes longer is given up and the container repla
 _DROP = f"/usr/sbin/chroot --userspec={SANDBOX_USER} --groups= --skip-chdir /"
 
 # oom: the cgroup's oom_kill counter into $n (v1 or v2). sweep: SIGKILL every live process of
-# the sandbox uid, their count into $s. killall: sweep until a sweep finds none (or give up).
+# the sandbox uid (init and this shell are root), their count into $s; the real uid is read from
+# status, as /proc/PID of a process that made itself non-dumpable belongs to root. killall:
+# sweep until a sweep finds none (or give up).
 _FUNCS = rf"""
 oom() {{ n=0
   for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
@@ -51,6 +53,7 @@ oom() {{ n=0
   done; }}
 sweep() {{ s=0
   for d in /proc/[0-9]*; do
+    case ${{d#/proc/}} in 1|$$) continue;; esac
     u=; z=
     {{ while read -r k v _; do
         case $k in State:) z=$v;; Uid:) u=$v; break;; esac
