@@ -69,9 +69,10 @@ killall() {{ sweep
 # $1: the time limit, then the program's argv; the status marker in $AREAL_STATUS_MARK. The
 # program runs as the sandbox user (chroot to "/" only drops the ids: uid, gid, no groups; the
 # kernel clears every capability on leaving uid 0). After it: kill everything of that uid, then
-# one status line on a copy of stderr that no program holds: marker, exit code, OOM kills,
-# processes still alive. Only shell built-ins run after the program, except `sleep` between
-# sweeps while something is still dying.
+# one status line on stderr (fd 3, a copy the program does not get): marker, exit code, OOM
+# kills, processes still alive. The stream is the program's stderr too, but by then nothing of
+# the program is left to write, and it never knew the marker. Only shell built-ins run after the
+# program, except `sleep` between sweeps while something is still dying.
 WRAPPER = (
     _FUNCS
     + rf"""
