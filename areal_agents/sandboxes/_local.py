@@ -5,6 +5,14 @@ When the host process is root, every sandbox runs its programs under its own unu
 random from a high range), so that ``RLIMIT_NPROC`` binds (it never binds root), host files
 readable only by root stay unreadable, and one ``kill(-1, SIGKILL)`` issued as that uid ends every
 process the sandbox ever started, including those that left the process group with ``setsid``.
+If that helper cannot finish (a program of the uid stops or kills it), the host sends SIGKILL to
+each process of the uid it finds in ``/proc`` instead, which no program can stop.
+
+``reset`` kills, then replaces the work directory with a new empty one (so that no file, mode,
+time, extended attribute or ACL an episode set survives it), and removes the old one without
+recursion (:mod:`._wipe`): trees of any depth and FIFOs never stop a reset or ``close``. File
+operations follow the rules every backend shares (:mod:`._inputs`): FIFOs and other special
+files are refused without being opened.
 """
 
 from __future__ import annotations
@@ -12,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import os
 import random
 import resource
+import secrets
 import selectors
-import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -26,6 +36,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from areal_agents.errors import SandboxError, ToolError
+from areal_agents.sandboxes._inputs import (
+    command_refusal,
+    encode_data,
+    os_problem,
+    problem,
+    work_relpath,
+)
+from areal_agents.sandboxes._killuid import kill_uid
+from areal_agents.sandboxes._wipe import disk_usage, remove_tree
 from areal_agents.sandboxes.base import BaseSandbox, ExecResult, SandboxLimits
 
 __all__ = ["LocalSandbox", "capture", "decode_output", "kill_uid"]
@@ -34,6 +53,8 @@ _UID_RANGE = (1_100_000_000, 1_900_000_000)
 _GRACE_S = 1.0
 _CHUNK = 65536
 _STDIN_CODE_LIMIT = 100_000  # bytes of source passed with -c; larger programs go through stdin
+
+log = logging.getLogger(__name__)
 
 
 def decode_output(data: bytes) -> str:
@@ -44,24 +65,6 @@ def decode_output(data: bytes) -> str:
 def signal_exit_code(returncode: int) -> int:
     """``subprocess``'s ``-N`` for "killed by signal N" as the shell's ``128+N``."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-def kill_uid(uid: int) -> None:
-    """SIGKILL every process owned by ``uid`` (needs root; ``uid`` must be a sandbox's own)."""
-    # kill(-1) from a process of that uid signals every process it may signal: exactly the
-    # sandbox's processes, wherever they are in the process tree, and never the caller itself.
-    subprocess.run(
-        ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"],
-        user=uid,
-        group=uid,
-        extra_groups=[],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={"PATH": "/usr/bin:/bin"},
-        check=False,
-        timeout=10,
-    )
 
 
 class _Pipes:
@@ -166,6 +169,8 @@ def capture(
             exit_code=code,
             duration_s=time.monotonic() - start,
         )
+    except (ValueError, UnicodeError) as e:  # a NUL byte or unencodable text in argv
+        return ExecResult(stdout="", stderr=f"sandbox: {e}; nothing was run\n", exit_code=126)
 
     def kill(on_exit: bool = False) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -263,10 +268,7 @@ class LocalSandbox(BaseSandbox):
         self.uid = random.randrange(*_UID_RANGE) if os.geteuid() == 0 else None
         self._root = Path(tempfile.mkdtemp(prefix=f"areal-{self.backend}-"))
         self.work_dir = self._root / "work"
-        self.work_dir.mkdir()
-        if self.uid is not None:
-            os.chown(self.work_dir, self.uid, self.uid)
-        self.work_dir.chmod(0o700)
+        self._make_work_dir()
 
     # --- what subclasses provide ------------------------------------------------------------
 
@@ -284,46 +286,83 @@ class LocalSandbox(BaseSandbox):
     def run(
         self, cmd: str | list[str], *, timeout: float = 10.0, stdin: str | None = None
     ) -> ExecResult:
+        refused = command_refusal(cmd, stdin=stdin)
+        if refused is not None:
+            self._check_open()
+            return refused
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         data = stdin.encode() if stdin is not None else None
         return self._exec(argv, timeout=timeout, stdin=data)
 
     def run_python(self, code: str, *, timeout: float = 10.0) -> ExecResult:
+        refused = command_refusal(code=code)
+        if refused is not None:
+            self._check_open()
+            return refused
         source = code.encode()
         if len(source) <= _STDIN_CODE_LIMIT:
             return self._exec([self._python(), "-c", code], timeout=timeout, stdin=None)
         return self._exec([self._python(), "-"], timeout=timeout, stdin=source)
 
     def write_file(self, path: str, content: str | bytes) -> None:
-        data = content.encode() if isinstance(content, str) else content
-        if len(data) > self.limits.disk_mb * 2**20:
-            limit = self.limits.disk_mb
-            raise ToolError(f"file of {len(data)} bytes exceeds the sandbox's {limit} MB")
-        target = self._resolve(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        if self.uid is not None:
-            for p in [target, *target.relative_to(self.work_dir).parents]:
-                os.lchown(self.work_dir / p, self.uid, self.uid)
+        data = encode_data(content)
+        limit = self.limits.disk_mb * 2**20
+        if len(data) > limit:
+            raise ToolError(
+                f"file of {len(data)} bytes exceeds the sandbox's {self.limits.disk_mb} MB"
+            )
+        with self._lock:
+            target = self._resolve(path)
+            try:
+                st = os.lstat(target)
+            except FileNotFoundError:
+                old = 0
+            except OSError as e:
+                raise os_problem(e, path, "write") from None
+            else:
+                if not stat.S_ISREG(st.st_mode):
+                    raise problem("irregular", path)
+                old = st.st_blocks * 512
+            if disk_usage(self.work_dir) - old + len(data) > limit:
+                raise problem("space", path)
+            self._make_parents(target, path)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+            try:
+                fd = os.open(target, flags | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                raise os_problem(e, path, "write") from None
+            with os.fdopen(fd, "wb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise problem("irregular", path)
+                try:
+                    f.write(data)
+                except OSError as e:
+                    raise os_problem(e, path, "write") from None
+            if self.uid is not None:
+                os.lchown(target, self.uid, self.uid)
 
     def read_file(self, path: str) -> bytes:
-        target = self._resolve(path)
-        try:
-            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            raise ToolError(f"no such file in the sandbox: {path}") from None
-        except OSError as e:
-            raise ToolError(f"cannot read {path}: {e.strerror}") from None
-        with os.fdopen(fd, "rb") as f:
-            return f.read(self.limits.disk_mb * 2**20 + 1)
+        with self._lock:
+            target = self._resolve(path)
+            try:
+                if not stat.S_ISREG(os.stat(target).st_mode):
+                    raise problem("irregular", path)
+                # O_NONBLOCK: a FIFO swapped in after the check still cannot block the open
+                fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except NotADirectoryError:  # "a.txt/b": no such file, as docker's shell finds
+                raise problem("missing", path) from None
+            except OSError as e:
+                raise os_problem(e, path, "read") from None
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise problem("irregular", path)
+                return f.read(self.limits.disk_mb * 2**20 + 1)
 
     def reset(self) -> None:
         with self._lock:
             self._check_open()
             self._kill_all()
-            self._wipe()
+            self._fresh_work_dir()
 
     def close(self) -> None:
         with self._lock:
@@ -331,7 +370,10 @@ class LocalSandbox(BaseSandbox):
                 return
             self._closed = True
             self._kill_all()
-            shutil.rmtree(self._root, ignore_errors=True)
+            try:
+                remove_tree(self._root)
+            except OSError as e:
+                log.warning("could not remove sandbox directory %s: %s", self._root, e)
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -343,48 +385,91 @@ class LocalSandbox(BaseSandbox):
         if self.uid is not None:
             kill_uid(self.uid)
 
+    def _make_work_dir(self) -> None:
+        self.work_dir.mkdir(mode=0o700)
+        if self.uid is not None:
+            os.chown(self.work_dir, self.uid, self.uid)
+        self.work_dir.chmod(0o700)  # whatever the umask
+
+    def _fresh_work_dir(self) -> None:
+        """Swap in a new, empty work directory (mode 0700, the sandbox's owner, times of now,
+        no extended attributes or ACLs), then remove the old one, however deep."""
+        old = self._root / f"old-{secrets.token_hex(4)}"
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self.work_dir, old)
+        self._make_work_dir()
+        try:
+            remove_tree(old)
+        except OSError as e:  # close() tries again with the whole root
+            log.warning("could not remove an old sandbox work directory %s: %s", old, e)
+
     def _disk_used(self) -> int:
-        total = 0
-        for root, _, files in os.walk(self.work_dir):
-            for name in files:
-                with contextlib.suppress(OSError):
-                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
-        return total
+        return disk_usage(self.work_dir)
 
     def _watch_disk(self) -> str | None:
         """The work directory is a host directory: enforce its total size by watching it."""
         if self._disk_used() > self.limits.disk_mb * 2**20:
             self._kill_all()
-            self._wipe()
+            self._fresh_work_dir()
             return f"work directory exceeded {self.limits.disk_mb} MB and was emptied"
         return None
 
-    def _wipe(self) -> None:
-        for child in self.work_dir.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                child.unlink(missing_ok=True)
-
     def _resolve(self, path: str) -> Path:
-        """``path`` inside the work directory; symlinks may not lead out of it."""
+        """``path`` inside the work directory, its symlinks resolved as the program sees them
+        (an absolute target names a path in the sandbox, where the work directory is
+        ``work_path``); a link that leads out of the work directory is refused."""
         self._check_open()
-        rel = Path(path)
-        if rel.is_absolute():
-            inside = Path(self.work_path)
-            if rel.parts[: len(inside.parts)] != inside.parts:
-                raise ToolError(f"path {path!r} is outside the work directory {self.work_path}")
-            rel = rel.relative_to(inside)
-        target = (self.work_dir / rel).resolve()
+        pending = work_relpath(path, self.work_path).split("/")
         root = self.work_dir.resolve()
-        if target != root and root not in target.parents:
-            raise ToolError(f"path {path!r} leads outside the work directory")
-        if target == root:
-            raise ToolError(f"path {path!r} names the work directory itself")
-        return target
+        inside = self.work_path.rstrip("/")
+        done: list[str] = []
+        links = 0
+        while pending:
+            part = pending.pop(0)
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not done:
+                    raise problem("outside", path)
+                done.pop()
+                continue
+            try:
+                target = os.readlink(root.joinpath(*done, part))
+            except OSError:  # not a link, or missing: taken as it is, as realpath -m does
+                done.append(part)
+                continue
+            links += 1
+            if links > 40:
+                raise ToolError(f"cannot access {path!r}: too many levels of symbolic links")
+            if target.startswith("/"):
+                if target != inside and not target.startswith(inside + "/"):
+                    raise problem("outside", path)
+                done, target = [], target[len(inside) :]
+            pending = target.split("/") + pending
+        if not done:
+            raise problem("workdir", path)
+        return root.joinpath(*done)
+
+    def _make_parents(self, target: Path, path: str) -> None:
+        """Create the missing directories above ``target``, owned by the sandbox's uid."""
+        root = self.work_dir.resolve()
+        missing = []
+        for parent in target.parents:
+            if parent == root or os.path.lexists(parent):
+                break
+            missing.append(parent)
+        for parent in reversed(missing):
+            try:
+                os.mkdir(parent, 0o755)
+            except OSError as e:
+                raise os_problem(e, path, "write") from None
+            if self.uid is not None:
+                os.lchown(parent, self.uid, self.uid)
+        if not target.parent.is_dir():
+            raise problem("notdir", path)
 
     def _exec(self, argv: list[str], *, timeout: float, stdin: bytes | None) -> ExecResult:
-        if timeout <= 0:
+        if not timeout > 0:
             raise ValueError(f"timeout={timeout} must be positive")
         with self._lock:
             self._check_open()

@@ -2,8 +2,11 @@
 
 Backends (``docker``, ``bubblewrap``, ``process``) implement :class:`Sandbox`; callers get one
 from ``make_sandbox``. Every run returns an :class:`ExecResult`; a program that fails, times
-out or runs out of memory is a *result*, not an exception. Only a broken sandbox (daemon gone,
-container died) raises :class:`~areal_agents.errors.SandboxError`.
+out or runs out of memory is a *result*, not an exception, and so is a command that cannot be
+started at all (a NUL byte or text without a UTF-8 form in it: exit code 126). A file operation
+the model asked for wrongly raises :class:`~areal_agents.errors.ToolError`, with the same words
+on every backend. Only a broken sandbox (daemon gone, container died) raises
+:class:`~areal_agents.errors.SandboxError`.
 """
 
 from __future__ import annotations
@@ -74,15 +77,21 @@ class Sandbox(Protocol):
         ...
 
     def write_file(self, path: str, content: str | bytes) -> None:
-        """Write a file, relative to the work directory."""
+        """Write a file, relative to the work directory (missing directories are created).
+
+        Raises ToolError, never blocking, when the path leads outside the work directory (also
+        through a symlink), names something that is not a regular file (a FIFO, socket or
+        directory), or the content does not fit in the disk limit."""
         ...
 
     def read_file(self, path: str) -> bytes:
-        """Read a file, relative to the work directory."""
+        """Read a file, relative to the work directory; ToolError as for :meth:`write_file`,
+        or when there is no such file."""
         ...
 
     def reset(self) -> None:
-        """Return to a clean state: empty work directory, no leftover processes."""
+        """Return to a clean state: an empty work directory with its original mode, times and
+        no extended attributes, no leftover processes, IPC objects or temporary files."""
         ...
 
     def close(self) -> None:

@@ -10,7 +10,9 @@ throw-away uid, which makes ``RLIMIT_NPROC`` a per-sandbox process limit. Unlike
 is no cgroup: memory is limited per process; ``/tmp`` is a tmpfs of ``disk_mb``; the work
 directory (a host directory, so that files persist between calls) is limited per file by
 ``RLIMIT_FSIZE`` and in total by a watcher that kills the call and empties it when it outgrows
-``disk_mb`` (checked every 0.1 s, so a fast writer can overshoot briefly).
+``disk_mb`` (checked every 0.1 s, so a fast writer can overshoot briefly). ``reset`` swaps in a
+new work directory (see ``_local``), so its mode, times and extended attributes start afresh;
+``/tmp``, IPC objects and message queues live in per-call namespaces and never outlive a call.
 """
 
 from __future__ import annotations

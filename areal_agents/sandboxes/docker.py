@@ -1,98 +1,103 @@
 """The docker backend: one long-lived container per episode, taken from a warm pool.
 
 Containers run with no network, a memory limit equal to the memory+swap limit, a pids limit, a
-CPU quota, a read-only root with tmpfs ``/work`` and ``/tmp`` (their size is the disk limit), all
-capabilities dropped and ``no-new-privileges``; programs run as uid 65534, which cannot signal
-the container's main process (uid 65533).
+CPU quota, a read-only root with tmpfs ``/work`` and ``/tmp`` (their size is the disk limit) and
+``no-new-privileges``. Programs run as uid 65534 with no capabilities at all; the container's
+own processes run as its root, which holds only ``KILL``, ``SETUID``, ``SETGID`` and
+``SYS_CHROOT`` (to supervise and to drop to uid 65534) and which a program can neither signal,
+nor stop, nor trace, nor read the memory or environment of.
 
-Every call is one ``docker exec`` of a small shell wrapper that (1) runs the program under
-``timeout -s KILL`` *inside* the container, since killing an exec client leaves the program
-running, (2) kills every process of the sandbox user afterwards, so background processes never
-outlive the call, (3) reads the cgroup's ``oom_kill`` counter before and after, and (4) counts
-processes that survived the kill. A container with survivors is replaced before the next call.
-Output is read from the exec socket frame by frame and capped as it arrives.
+**Exit status that a program cannot forge.** Every call is one ``docker exec`` of a small root
+shell (``_docker_exec.WRAPPER``) that (1) runs the program as uid 65534 under ``timeout -s KILL``
+*inside* the container (killing an exec client leaves the program running), (2) then sends
+SIGKILL to every process of uid 65534 until none is left, (3) reads the cgroup's ``oom_kill``
+counter before and after, and (4) prints one status line: a marker, the exit code, OOM kills
+and survivors, and exits with the program's exit code. The host believes that line only when
+all of these hold, each outside the program's reach:
+
+* the marker is a fresh secret per call, passed in the root shell's environment and unset
+  before the program starts: root's ``/proc/PID/environ`` and memory are closed to uid 65534,
+  so no program can print a valid line (the review's forgery read it from ``cmdline``);
+* the stream *ends* with that line, and the exit code the engine recorded for the exec
+  (``exec_inspect``) equals the code in it: the wrapper ran to its last line;
+* no survivors.
+
+Anything else (the wrapper was OOM-killed, the stream did not end ``_GRACE_S`` after the time
+limit, the line is missing or inconsistent, something survived) and the host kills the whole
+container through the engine before the call returns, so nothing of the program outlives the
+call; it reports the exit code the engine recorded for the exec (137 when there is none),
+``timed_out`` when the limit had passed, a note on stderr, and takes a fresh container from
+the pool for the next call. As root's ``timeout`` and sweep cannot be stopped, a
+program that stops every process it may signal (``kill(-1, SIGSTOP)``) still ends on time.
+
+File operations run as uid 65534 and follow the rules every backend shares (``_inputs``): a
+path may not lead out of ``/work`` through a symlink, and FIFOs and special files are refused
+before anything opens them. Output is read from the exec socket frame by frame and capped as it
+arrives.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import posixpath
 import secrets
-import socket
-import struct
 import threading
 import time
 from typing import Any
 
 from areal_agents.errors import SandboxError, ToolError
+from areal_agents.sandboxes._docker_exec import (
+    ROOT_USER,
+    STATUS_VAR,
+    WRAPPER,
+    _Exec,
+    parse_status,
+    reset_container,
+)
+from areal_agents.sandboxes._inputs import command_refusal, encode_data, problem, work_relpath
 from areal_agents.sandboxes.base import BaseSandbox, ExecResult, SandboxLimits
-from areal_agents.sandboxes.docker_pool import SANDBOX_USER, get_pool
+from areal_agents.sandboxes.docker_pool import get_pool
 from areal_agents.sandboxes.image import default_image
 
 __all__ = ["DockerSandbox", "docker_problem", "reset_container"]
 
 log = logging.getLogger(__name__)
 
-_MARK = "__areal_status_" + secrets.token_hex(6)
-_GRACE_S = 15.0  # how long past the time limit the exec stream may take to end
+_GRACE_S = 5.0  # how long past the time limit the supervisor may take before the host steps in
+_FILE_OP_S = 60.0  # a file operation cannot block (special files are refused), so this is a fault
 _STDIN_CODE_LIMIT = 100_000
-_ENV = {"HOME": "/work", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1"}
+_KILLED_NOTE = b"\n[sandbox: the run did not end normally; its container was killed]\n"
 
-# Shell functions both scripts use. oom: the cgroup's oom_kill counter into $n (v1 or v2).
-# live: into $s, how many processes of the sandbox user, other than this shell, are not dead.
-_FUNCS = r"""
-oom() { n=0
-  for f in /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events; do
-    [ -r "$f" ] || continue
-    while read -r k v; do [ "$k" = oom_kill ] && n=$v; done < "$f"
-  done; }
-live() { s=0
-  for d in /proc/[0-9]*; do
-    [ -O "$d" ] && [ "${d#/proc/}" != "$$" ] || continue
-    read -r x < "$d/stat" 2>/dev/null || continue
-    case "$x" in *") Z "*|*") X "*) ;; *) s=$((s+1));; esac
-  done; }
-killall() { kill -9 -1 2>/dev/null; live
-  for _ in 1 2 3 4 5; do [ $s = 0 ] && break; sleep 0.02; kill -9 -1 2>/dev/null; live; done; }
+# $1: the file, as /work/RELATIVE. Resolve symlinks (only when a component is one: realpath is a
+# process), then: 10 outside /work, 11 /work itself, 12 missing, 13 not a regular file.
+_RESOLVE = r"""
+p=$1; r=$p
+IFS=/; set -f; q=
+for c in ${p#/work/}; do
+  q=$q/$c
+  if [ -L "/work$q" ]; then r=$(realpath -m -- "$p") || exit 20; break; fi
+done
+unset IFS; set +f
+case $r in /work) exit 11;; /work/*) ;; *) exit 10;; esac
 """
-
-# $1: time limit, $2: status marker, then the program's argv. After the program only shell
-# built-ins run (no fork), except `sleep` while a killed process is still dying.
-_WRAPPER = (
-    _FUNCS
+_READ = (
+    _RESOLVE
     + r"""
-t=$1; m=$2; shift 2
-oom; o=$n
-timeout -s KILL "$t" "$@"
-rc=$?
-killall
-oom
-printf '\n%s %s %s %s\n' "$m" "$rc" "$((n-o))" "$s" >&2
-exit $rc
+[ -e "$r" ] || exit 12
+[ -f "$r" ] || exit 13
+exec cat -- "$r"
 """
 )
-
-# Between episodes: kill, empty the writable places, then print what is left: files, live
-# processes, System V IPC objects. Anything but "0 0 0" means the container is replaced.
-_RESET = (
-    _FUNCS
+# ... and 14: a parent is not a directory, 15: the write failed (no space, ...).
+_WRITE = (
+    _RESOLVE
     + r"""
-killall
-f=0
-for d in /work /tmp /dev/shm; do
-  chmod -R u+rwx "$d" 2>/dev/null
-  find "$d" -mindepth 1 -delete 2>/dev/null
-  for p in "$d"/* "$d"/.[!.]* "$d"/..?*; do [ -e "$p" ] || [ -L "$p" ] && f=$((f+1)); done
-done
-i=0
-for k in shm msg sem; do
-  j=0; while read -r line; do j=$((j+1)); done < /proc/sysvipc/$k; i=$((i+j-1))
-done
-echo "$f $s $i"
+if [ -e "$r" ]; then [ -f "$r" ] || exit 13; fi
+[ -d "${r%/*}" ] || mkdir -p -- "${r%/*}" 2>/dev/null || exit 14
+cat > "$r" || { rm -f -- "$r"; exit 15; }
 """
 )
+_FILE_CODES = {10: "outside", 11: "workdir", 12: "missing", 13: "irregular", 14: "notdir"}
 
 
 def docker_problem(image: str | None = None) -> str | None:
@@ -117,115 +122,6 @@ def docker_problem(image: str | None = None) -> str | None:
     finally:
         client.close()
     return None
-
-
-class _Exec:
-    """One ``docker exec`` over a hijacked socket: stdin in, multiplexed frames out, capped."""
-
-    def __init__(self, client: Any, container_id: str) -> None:
-        self.api = client.api
-        self.cid = container_id
-
-    def __call__(
-        self,
-        argv: list[str],
-        *,
-        stdin: bytes | None,
-        deadline: float,
-        caps: tuple[int, int],
-        user: str = SANDBOX_USER,
-    ) -> tuple[bytes, bytes, tuple[int, int], int | None, bytes]:
-        """Run ``argv``: stdout and stderr (capped), their full sizes, the exit code (None when
-        the stream did not end in time), and the last bytes of stderr."""
-        import docker.errors
-
-        try:
-            eid = self.api.exec_create(
-                self.cid,
-                argv,
-                stdin=stdin is not None,
-                user=user,
-                workdir="/work",
-                environment=_ENV,
-            )["Id"]
-            sock = self.api.exec_start(eid, socket=True)
-        except docker.errors.NotFound:
-            raise SandboxError(f"sandbox container {self.cid[:12]} is gone") from None
-        except docker.errors.APIError as e:
-            raise SandboxError(f"docker exec failed in {self.cid[:12]}: {e}") from e
-        raw: socket.socket = getattr(sock, "_sock", sock)
-        bufs = (bytearray(), bytearray())
-        tail = bytearray()
-        totals = [0, 0]
-        complete = False
-        try:
-            if stdin is not None:
-                raw.settimeout(max(deadline - time.monotonic(), 0.1))
-                raw.sendall(stdin)
-                raw.shutdown(socket.SHUT_WR)
-            pending = b""
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                raw.settimeout(remaining)
-                try:
-                    chunk = raw.recv(65536)
-                except TimeoutError:
-                    break
-                if not chunk:
-                    complete = True
-                    break
-                pending += chunk
-                while len(pending) >= 8:
-                    stream, size = pending[0], struct.unpack(">I", pending[4:8])[0]
-                    if len(pending) < 8 + size:
-                        break
-                    payload, pending = pending[8 : 8 + size], pending[8 + size :]
-                    which = 1 if stream == 2 else 0
-                    if which:
-                        tail = (tail + payload)[-512:]
-                    totals[which] += len(payload)
-                    room = caps[which] - len(bufs[which])
-                    if room > 0:
-                        bufs[which].extend(payload[:room])
-        finally:
-            with contextlib.suppress(OSError):
-                raw.close()
-            with contextlib.suppress(Exception):
-                sock.close()
-        code: int | None = None
-        if complete:
-            with contextlib.suppress(docker.errors.APIError):
-                code = self.api.exec_inspect(eid).get("ExitCode")
-        return bytes(bufs[0]), bytes(bufs[1]), (totals[0], totals[1]), code, bytes(tail)
-
-
-def reset_container(client: Any, container_id: str) -> bool:
-    """Kill the sandbox user's processes and empty the writable places; True if now clean."""
-    try:
-        out, _, _, code, _ = _Exec(client, container_id)(
-            ["/bin/sh", "-c", _RESET],
-            stdin=None,
-            deadline=time.monotonic() + 30,
-            caps=(4096, 4096),
-        )
-    except SandboxError:
-        return False
-    return code == 0 and out.split() == [b"0", b"0", b"0"]
-
-
-def _parse_status(tail: bytes) -> tuple[tuple[int, int, int], int] | None:
-    """The wrapper's ``(exit code, oom kills, survivors)`` and the length of its status line."""
-    key = b"\n" + _MARK.encode() + b" "
-    at = tail.rfind(key)
-    if at < 0:
-        return None
-    try:
-        rc, oom, live = (int(x) for x in tail[at + len(key) :].split())
-    except ValueError:
-        return None
-    return (rc, oom, live), len(tail) - at
 
 
 class DockerSandbox(BaseSandbox):
@@ -271,44 +167,38 @@ class DockerSandbox(BaseSandbox):
     def run(
         self, cmd: str | list[str], *, timeout: float = 10.0, stdin: str | None = None
     ) -> ExecResult:
+        refused = command_refusal(cmd, stdin=stdin)
+        if refused is not None:
+            self._check_open()
+            return refused
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         return self._run(argv, timeout, stdin.encode() if stdin is not None else None)
 
     def run_python(self, code: str, *, timeout: float = 10.0) -> ExecResult:
+        refused = command_refusal(code=code)
+        if refused is not None:
+            self._check_open()
+            return refused
         source = code.encode()
         if len(source) <= _STDIN_CODE_LIMIT:
             return self._run(["python3", "-c", code], timeout, None)
         return self._run(["python3", "-"], timeout, source)
 
     def write_file(self, path: str, content: str | bytes) -> None:
-        data = content.encode() if isinstance(content, str) else content
-        target = self._path(path)
-        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
-        with self._lock:
-            self._ready()
-            _, err, _, code, _ = self._exec(
-                ["/bin/sh", "-c", script, "sh", target],
-                stdin=data,
-                deadline=time.monotonic() + 60,
-                caps=(4096, 4096),
-            )
+        data = encode_data(content)
+        if len(data) > self.limits.disk_mb * 2**20:
+            limit = self.limits.disk_mb
+            raise ToolError(f"file of {len(data)} bytes exceeds the sandbox's {limit} MB")
+        err, code = self._file_op(_WRITE, path, data, 4096)[1:]
+        if code == 15 and b"No space left" in err:
+            raise problem("space", path)
         if code != 0:
-            msg = err.decode(errors="replace").strip()
-            raise ToolError(f"cannot write {path}: {msg or f'exit code {code}'}")
+            raise self._file_error(path, code, err, "write")
 
     def read_file(self, path: str) -> bytes:
-        target = self._path(path)
-        with self._lock:
-            self._ready()
-            out, err, _, code, _ = self._exec(
-                ["cat", "--", target],
-                stdin=None,
-                deadline=time.monotonic() + 60,
-                caps=(self.limits.disk_mb * 2**20, 4096),
-            )
+        out, err, code = self._file_op(_READ, path, None, self.limits.disk_mb * 2**20)
         if code != 0:
-            msg = err.decode(errors="replace").strip()
-            raise ToolError(f"cannot read {path}: {msg or f'exit code {code}'}")
+            raise self._file_error(path, code, err, "read")
         return out
 
     def reset(self) -> None:
@@ -326,15 +216,12 @@ class DockerSandbox(BaseSandbox):
 
     # --- helpers ------------------------------------------------------------------------------
 
-    def _path(self, path: str) -> str:
-        full = posixpath.normpath(posixpath.join("/work", path))
-        if full == "/work" or not full.startswith("/work/"):
-            raise ToolError(f"path {path!r} is outside the work directory /work")
-        return full
-
-    def _ready(self) -> None:
+    def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("docker sandbox is closed")
+
+    def _ready(self) -> None:
+        self._check_open()
         if self._tainted:
             self._replace()
 
@@ -346,33 +233,72 @@ class DockerSandbox(BaseSandbox):
         self._exec = _Exec(self._pool.client, self._container.id)
         self._tainted = False
 
+    def _end_container(self) -> None:
+        """Kill every process of the container now (through the engine); replace it later."""
+        self._tainted = True
+        try:
+            self._container.kill()
+        except Exception as e:  # already gone: nothing of it runs either
+            log.info("killing sandbox container %s: %s", self.container_id[:12], e)
+
+    def _file_op(
+        self, script: str, path: str, stdin: bytes | None, cap: int
+    ) -> tuple[bytes, bytes, int]:
+        target = "/work/" + work_relpath(path, self.work_path)
+        with self._lock:
+            self._ready()
+            out, err, _, code, _ = self._exec(
+                ["/bin/sh", "-c", script, "sh", target],
+                stdin=stdin,
+                deadline=time.monotonic() + _FILE_OP_S,
+                caps=(cap, 4096),
+            )
+            if code is None:
+                self._end_container()
+                raise SandboxError(f"a file operation on {path!r} did not finish in the sandbox")
+        return out, err, code
+
+    @staticmethod
+    def _file_error(path: str, code: int, err: bytes, verb: str) -> ToolError:
+        kind = _FILE_CODES.get(code)
+        if kind is not None:
+            return problem(kind, path)
+        msg = err.decode(errors="replace").strip().splitlines()
+        return ToolError(f"cannot {verb} {path!r}: {msg[-1] if msg else f'exit code {code}'}")
+
     def _run(self, argv: list[str], timeout: float, stdin: bytes | None) -> ExecResult:
-        if timeout <= 0:
+        if not timeout > 0:
             raise ValueError(f"timeout={timeout} must be positive")
         cap = self.limits.max_output_bytes
+        mark = "__areal_status_" + secrets.token_hex(16)
         with self._lock:
             self._ready()
             start = time.monotonic()
             out, err, totals, code, tail = self._exec(
-                ["/bin/sh", "-c", _WRAPPER, "sh", f"{timeout:.3f}", _MARK, *argv],
+                ["/bin/sh", "-c", WRAPPER, "sh", f"{timeout:.3f}", *argv],
                 stdin=stdin,
                 deadline=start + timeout + _GRACE_S,
                 caps=(cap, cap + 256),
+                user=ROOT_USER,
+                env={STATUS_VAR: mark},
             )
             duration = time.monotonic() - start
-            parsed = _parse_status(tail)
-            if parsed is None or parsed[0][2] > 0:
-                # The wrapper itself was killed, or something outlived kill -9: never reuse it.
-                self._tainted = True
-        if parsed is not None:
+            parsed = parse_status(tail, mark)
+            trusted = parsed is not None and parsed[0][0] == code and parsed[0][2] == 0
+            if not trusted:  # see the module docstring: nothing of this run may outlive it
+                self._end_container()
+        if parsed is not None and trusted:
             (rc, oom, _), status_len = parsed
             err_len = totals[1] - status_len  # the program's own stderr, without the status
             err = err[: max(0, min(err_len, cap))]
+            timed_out = rc == 137 and oom == 0 and duration >= timeout * 0.95
         else:
             rc, oom = (code if code is not None else 137), 0
             err_len = totals[1]
-            err = err[:cap]
-        timed_out = code is None or (rc == 137 and oom == 0 and duration >= timeout * 0.95)
+            err = (
+                err[:cap] + b"\n[sandbox: the run did not end normally; its container was killed]\n"
+            )
+            timed_out = code is None or duration >= timeout
         return ExecResult(
             stdout=out.decode("utf-8", errors="replace"),
             stderr=err.decode("utf-8", errors="replace"),

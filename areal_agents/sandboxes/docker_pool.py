@@ -8,9 +8,11 @@ with SIGKILL cannot clean up: the next process that opens a pool (or ``python -m
 areal_agents.sandbox doctor``) removes containers whose owner is gone, see :func:`reap_orphans`.
 
 The :class:`DockerPool` keeps ``size`` containers started and reset ahead of demand, so that an
-episode's ``acquire`` is a pop from a list; released containers are reset (every process of the
-sandbox user killed, work directories emptied, checked) in the background, or replaced when the
-check fails or after ``max_uses`` episodes.
+episode's ``acquire`` is a pop from a list; released containers are reset in the background
+(``_docker_exec.reset_container``: every process of the sandbox user killed; ``/work``, ``/tmp``,
+``/dev/shm`` and POSIX message queues emptied, System V IPC objects removed, ``/work``'s mode,
+times, extended attributes and ACLs restored; then checked), or replaced when the check fails or
+after ``max_uses`` episodes.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from types import FrameType
 from typing import Any
 
 from areal_agents.errors import DependencyError, ImageNotFoundError, SandboxError
+from areal_agents.sandboxes._docker_exec import ROOT_USER, SANDBOX_USER, reset_container
 from areal_agents.sandboxes.base import SandboxLimits
 
 __all__ = [
     "LABEL",
+    "SANDBOX_USER",
     "DockerPool",
     "PoolKey",
     "docker_client",
@@ -47,8 +51,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 LABEL = "areal_agents.sandbox"
-SANDBOX_USER = "65534:65534"
-_KEEPER_USER = "65533:65533"  # the container's main process: a uid the sandbox cannot signal
+# The container's own processes (init, keeper, supervisors) run as its root with only these
+# capabilities; programs run as SANDBOX_USER with none, and cannot signal root's processes.
+ROOT_CAPS = ["KILL", "SETUID", "SETGID", "SYS_CHROOT"]
 
 _client: Any = None
 _client_lock = threading.Lock()
@@ -211,7 +216,7 @@ class DockerPool:
             command=["sleep", "infinity"],
             detach=True,
             init=True,
-            user=_KEEPER_USER,
+            user=ROOT_USER,
             network_mode="none",
             hostname="sandbox",
             mem_limit=f"{mb}m",
@@ -225,6 +230,7 @@ class DockerPool:
             },
             shm_size="16m",
             cap_drop=["ALL"],
+            cap_add=ROOT_CAPS,
             security_opt=["no-new-privileges"],
             ulimits=[
                 docker.types.Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
@@ -267,8 +273,6 @@ class DockerPool:
             self._cond.notify_all()
 
     def _recycle(self, container: Any, reusable: bool) -> None:
-        from areal_agents.sandboxes.docker import reset_container
-
         uses = self._uses.get(container.id, 0) + 1
         self._uses[container.id] = uses
         keep = reusable and uses < self.max_uses and not self._closed

@@ -1,7 +1,8 @@
 """Building the sandbox image, with or without a container registry.
 
 Two recipes make equivalent images (Python 3 with its standard library, coreutils' ``timeout``,
-a shell, a non-root user ``sandbox`` with uid 65534, work directory ``/work``):
+``chroot`` and ``realpath``, which the docker backend's supervisor and file operations use, a
+shell, a non-root user ``sandbox`` with uid 65534, work directory ``/work``):
 
 * ``host`` (the default, offline): copies the files of the host's installed Debian ``python3``,
   ``coreutils``, ``dash`` and ``findutils`` packages and everything they depend on into a tar,

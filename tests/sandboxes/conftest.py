@@ -16,6 +16,7 @@ ISOLATING = [
     pytest.param("docker", marks=pytest.mark.docker, id="docker"),
     pytest.param("bubblewrap", marks=pytest.mark.bubblewrap, id="bubblewrap"),
 ]
+EVERY = [*ISOLATING, pytest.param("process", id="process")]
 
 
 @pytest.fixture(params=ISOLATING)
@@ -23,9 +24,12 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
-def new_sandbox(backend: str) -> Iterator[Callable[..., BaseSandbox]]:
-    """Make sandboxes of ``backend`` with the suite's limits; all are closed at teardown."""
+@pytest.fixture(params=EVERY)
+def any_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def _factory(backend: str) -> Iterator[Callable[..., BaseSandbox]]:
     made: list[BaseSandbox] = []
 
     def make(**overrides: int) -> BaseSandbox:
@@ -36,6 +40,18 @@ def new_sandbox(backend: str) -> Iterator[Callable[..., BaseSandbox]]:
     yield make
     for sb in made:
         sb.close()
+
+
+@pytest.fixture
+def new_sandbox(backend: str) -> Iterator[Callable[..., BaseSandbox]]:
+    """Make sandboxes of ``backend`` with the suite's limits; all are closed at teardown."""
+    yield from _factory(backend)
+
+
+@pytest.fixture
+def any_sandbox(any_backend: str) -> Iterator[Callable[..., BaseSandbox]]:
+    """Like ``new_sandbox``, over every backend, the process backend included."""
+    yield from _factory(any_backend)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -30,6 +31,7 @@ def test_container_runs_with_the_documented_limits():
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"]
+    assert sorted(host["CapAdd"]) == ["KILL", "SETGID", "SETUID", "SYS_CHROOT"]  # root's only
     assert "no-new-privileges" in host["SecurityOpt"]
     assert host["Memory"] == host["MemorySwap"] == 128 * 2**20
     assert host["PidsLimit"] == 32
@@ -56,6 +58,97 @@ def test_warm_pool_hands_out_reset_containers_again():
     with make_sandbox("docker", pool_size=1, **limits) as sb:
         assert sb.container_id == first
         assert sb.run("ls -A /work").stdout == ""  # the previous episode's file is gone
+
+
+_PLANT = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mq_open.restype = ctypes.c_int
+os.setxattr("/work", "user.note", b"episode 1 was here")
+print(libc.mq_open(b"/episode1", 0o100 | 0o2, 0o666, None) >= 0)
+os.chmod("/work", 0o777)
+os.utime("/work", (1893456000, 1893456000))
+"""
+_LOOK = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+st = os.stat("/work")
+print(os.listxattr("/work"), os.listdir("/dev/mqueue"), oct(st.st_mode & 0o777),
+      int(st.st_mtime) == 1893456000, libc.mq_open(b"/episode1", 0o2, 0, None) >= 0)
+"""
+
+
+def test_warm_pool_resets_what_an_episode_leaves_in_the_container():
+    limits = {**LIMITS, "open_files": 201}  # limits of its own: a fresh pool for this test
+    with make_sandbox("docker", pool_size=1, **limits) as sb:
+        first = sb.container_id
+        assert sb.run_python(_PLANT, timeout=10).stdout == "True\n"
+        pool = sb._pool
+    deadline = time.monotonic() + 30
+    while first not in [c.id for c in pool._ready] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ready = [c.id for c in pool._ready]
+    assert first in ready  # reset in place, not replaced
+    while ready[0] != first:
+        pool.release(pool.acquire())
+        ready = [c.id for c in pool._ready]
+    with make_sandbox("docker", pool_size=1, **limits) as sb:
+        assert sb.container_id == first
+        res = sb.run_python(_LOOK, timeout=10)
+    assert res.stdout == "[] [] 0o700 False False\n", res
+
+
+def test_the_supervisor_is_out_of_the_programs_reach():
+    code = """
+import os
+report = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    uid = [l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("Uid:")][0]
+    if uid == "0":
+        try:
+            os.kill(int(pid), 0); report.append("signalled")
+        except PermissionError:
+            pass
+        try:
+            open(f"/proc/{pid}/environ", "rb").read(); report.append("read")
+        except PermissionError:
+            pass
+        report.append("root")
+print(sorted(set(report)))
+"""
+    with make_sandbox("docker", **LIMITS) as sb:
+        res = sb.run_python(code, timeout=10)
+    assert res.stdout == "['root']\n", res  # root processes exist, none reachable
+
+
+def _root_sh(cid: str, script: str) -> str:
+    out = docker_client().api.exec_create(cid, ["/bin/sh", "-c", script], user="0:0")
+    return docker_client().api.exec_start(out["Id"]).decode()
+
+
+def test_a_run_whose_supervisor_dies_takes_its_container_with_it():
+    results = []
+    with make_sandbox("docker", **LIMITS) as sb:
+        cid = sb.container_id
+        runner = threading.Thread(target=lambda: results.append(sb.run("sleep 60", timeout=30)))
+        runner.start()
+        find = (
+            "for d in /proc/[0-9]*; do read -r n < $d/comm;"
+            " [ $n = timeout ] && echo ${d#/proc/}; done"
+        )
+        deadline = time.monotonic() + 20
+        while not (pid := _root_sh(cid, find).strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid, "the run did not start"
+        # what an OOM kill of the supervising shell would do: end it without a status line
+        _root_sh(cid, f"kill -9 $(cut -d' ' -f4 /proc/{pid}/stat)")
+        runner.join(60)
+        res = results[0]
+        assert not docker_client().api.inspect_container(cid)["State"]["Running"]
+        again = sb.run("echo fresh", timeout=10)
+        assert sb.container_id != cid
+    assert "did not end normally" in res.stderr and not res.ok, res
+    assert again.stdout == "fresh\n", again
 
 
 def test_files_round_trip_binary_and_large():

@@ -113,3 +113,55 @@ def test_reading_stdin_without_input_does_not_hang(new_sandbox: Make):
     res = run(new_sandbox, "input()", timeout=5)
     assert not res.timed_out and "EOFError" in res.stderr, res
     host_and_next_sandbox_ok(new_sandbox)
+
+
+# --- text no process can receive: a result with exit code 126, the same on every backend ------
+
+
+def test_a_nul_byte_in_a_program_is_a_result(any_sandbox: Make):
+    with any_sandbox() as sb:
+        res = sb.run_python("print('a')\x00print('b')", timeout=5)
+    assert res.exit_code == 126 and "NUL byte" in res.stderr and res.stdout == "", res
+
+
+def test_a_nul_byte_in_a_command_or_an_argument_is_a_result(any_sandbox: Make):
+    with any_sandbox() as sb:
+        shell = sb.run("echo a\x00b", timeout=5)
+        argv = sb.run(["echo", "a\x00b"], timeout=5)
+        again = sb.run("echo fine", timeout=5)
+    for res in (shell, argv):
+        assert res.exit_code == 126 and "NUL byte" in res.stderr and res.stdout == "", res
+    assert again.stdout == "fine\n", again
+
+
+def test_a_lone_surrogate_in_a_program_or_stdin_is_a_result(any_sandbox: Make):
+    with any_sandbox() as sb:
+        code = sb.run_python("print('\ud800')", timeout=5)
+        stdin = sb.run("cat", stdin="x\udfff", timeout=5)
+    for res in (code, stdin):
+        assert res.exit_code == 126 and "not valid UTF-8" in res.stderr, res
+
+
+def test_an_argument_longer_than_the_kernel_takes_is_refused_alike(any_sandbox: Make):
+    with any_sandbox() as sb:
+        res = sb.run(["echo", "x" * 200_000], timeout=5)
+    assert res.exit_code == 126 and "longer than one argument may be" in res.stderr, res
+
+
+def test_stdin_the_program_never_reads_is_not_an_error(any_sandbox: Make):
+    with any_sandbox() as sb:
+        res = sb.run("exit 0", stdin="y" * (8 << 20), timeout=10)
+        again = sb.run("echo fine", timeout=5)
+    assert res.exit_code == 0 and not res.timed_out, res
+    assert again.stdout == "fine\n", again
+
+
+def test_stdin_and_a_flood_of_output_do_not_block_each_other(any_sandbox: Make):
+    # the program writes 1 MB before it reads a byte of its 4 MB of input
+    code = (
+        "import sys\nsys.stdout.write('o' * (1 << 20)); sys.stdout.flush()\n"
+        "sys.exit(0 if len(sys.stdin.read()) == 4 << 20 else 1)"
+    )
+    with any_sandbox() as sb:
+        res = sb.run(["python3", "-c", code], stdin="i" * (4 << 20), timeout=20)
+    assert res.exit_code == 0 and not res.timed_out and res.truncated, res
