@@ -35,12 +35,6 @@ LAYERS: list[list[str]] = [
     ["train"],
 ]
 
-#: Circles left on purpose, with the branch that removes them.
-KNOWN_CIRCLES: list[set[str]] = [
-    # sandboxes/docker.py <-> docker_pool.py: broken on the sandbox branch
-    {"areal_agents.sandboxes.docker", "areal_agents.sandboxes.docker_pool"},
-]
-
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -159,16 +153,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in sorted(parts, key=rank):
             print(f"{name:13} -> {', '.join(sorted(parts[name], key=rank)) or '(nothing)'}")
     found = circles(edges)
-    new = [c for c in found if c not in KNOWN_CIRCLES]
     bad = breaches(edges)
     for comp in found:
-        mark = "known" if comp in KNOWN_CIRCLES else "NEW"
-        print(f"circle ({mark}): {' <-> '.join(sorted(comp))}")
+        print(f"circle: {' <-> '.join(sorted(comp))}")
     for source, target in bad:
         print(f"upward import: {source} -> {target}")
     if not found and not bad:
         print("no circles, no upward imports")
-    return 1 if args.check and (new or bad) else 0
+    return 1 if args.check and (found or bad) else 0
 
 
 if __name__ == "__main__":
