@@ -158,6 +158,8 @@ def write_report(
 ) -> Path:
     """Write ``run_dir/report.html`` atomically (temporary file, then rename); return its path."""
     run = Path(run_dir)
+    if not run.is_dir():  # a report never creates the run it describes
+        raise FileNotFoundError(f"no run directory at {run}")
     page = render_report(run, max_transcripts=max_transcripts, refresh_s=refresh_s)
     target = run / "report.html"
     atomic_write(target, page)

@@ -273,8 +273,9 @@ def test_errors_of_the_remote_environment_surface_as_they_would_locally() -> Non
         with pytest.raises(gym.error.ResetNeeded):
             env.step("x")  # no session yet
         env.reset(seed=0)
-        with pytest.raises(TypeError, match="action must be"):
-            env.step(5)
+        obs, reward, terminated, _, info = env.step(5)  # a model mistake, as locally
+        assert (reward, terminated) == (0.0, False) and info["tool_errors"]["parse"] == 1
+        assert "the action must be text" in obs[-1]["content"]
         env.step("\\boxed{0}")
         with pytest.raises(gym.error.ResetNeeded, match="episode is over"):
             env.step("again")
