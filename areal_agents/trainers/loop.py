@@ -46,7 +46,7 @@ from areal_agents.trainers.metrics import (
     progress_postfix,
     write_summary,
 )
-from areal_agents.trainers.modeling import resolve_model_dir
+from areal_agents.trainers.modeling import prepare_model_dir
 from areal_agents.trainers.report import refresh_report
 from areal_agents.trainers.runtime import (
     RolloutWorkerActor,
@@ -66,7 +66,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run (or resume) the training described by ``cfg``; returns the run summary."""
     run_dir, resume_from = choose_run_dir(cfg)
     check_env(cfg)
-    model_dir = resolve_model_dir(cfg.model.name)
+    model_dir = prepare_model_dir(cfg.model, run_dir)  # the chat-template gate: before Ray
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
     ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
