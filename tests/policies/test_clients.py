@@ -338,17 +338,20 @@ def test_streamed_tool_calls_arrive_as_tool_call_deltas(client: openai.OpenAI, s
 
 
 def test_streamed_choices_and_completions(client: openai.OpenAI, server: Any) -> None:
-    _, content, _ = _collect(
+    chunks, content, _ = _collect(
         client.chat.completions.create(
             model=server.served_model_name,
             messages=[{"role": "user", "content": "Name a colour."}],
             max_tokens=6,
-            temperature=0,
+            temperature=1.0,
+            seed=3,
             n=2,
             stream=True,
         )
     )
-    assert set(content) == {0, 1} and content[0] == content[1] != ""  # greedy: the same twice
+    assert set(content) == {0, 1} and all(content.values())  # two choices, each with text
+    finished = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finished) == [0, 1]  # each choice ends once
     request: dict[str, Any] = {
         "model": server.served_model_name,
         "prompt": "The capital of France is",
