@@ -62,6 +62,9 @@ class GenerationRequest:
     on_token: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
     """Called from the scheduler thread with each output token as it is chosen (forced tokens
     included), before the request's future resolves; for streaming. It must return at once."""
+    cancelled: bool = field(default=False, repr=False, compare=False)
+    """Set it (from any thread) to end the generation at the next step with
+    ``finish_reason="abort"``: a streaming client went away."""
 
 
 @dataclass
@@ -414,6 +417,9 @@ class Engine:
             if row.finish is not None:
                 continue
             req = row.request
+            if req.cancelled:  # the row leaves the batch before the next decoding step
+                row.finish = "abort"
+                continue
             token = self._pick(logits[i], req.temperature, req.top_p, row.generator)
             chosen[i] = token
             row.tokens.append(token)

@@ -136,11 +136,14 @@ class TokenStream:
 
     Submitting happens in the constructor, so a request the engine refuses raises before any
     byte of the response is sent. Iterating yields ``(index, token)`` for each token and
-    ``(index, result)`` when request ``index`` ends, in the engine's order.
+    ``(index, result)`` when request ``index`` ends, in the engine's order. When iteration
+    stops early (the client went away and the response task was cancelled), the requests
+    still running are cancelled, so they leave the engine's batch at its next step.
     """
 
     def __init__(self, engine: Engine, requests: Sequence[GenerationRequest]) -> None:
         loop = asyncio.get_running_loop()
+        self._requests = list(requests)
         self._queue: asyncio.Queue[tuple[int, int | Future[GenerationResult]]] = asyncio.Queue()
         self._left = len(requests)
 
@@ -159,13 +162,22 @@ class TokenStream:
             engine.submit(request).add_done_callback(report_end(i))
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, int | GenerationResult]]:
-        while self._left:
-            index, item = await self._queue.get()
-            if isinstance(item, int):
-                yield index, item
-            else:
-                self._left -= 1
-                yield index, item.result()  # an engine failure raises here
+        try:
+            while self._left:
+                index, item = await self._queue.get()
+                if isinstance(item, int):
+                    yield index, item
+                else:
+                    self._left -= 1
+                    yield index, item.result()  # an engine failure raises here
+        finally:
+            if self._left:
+                self.cancel()
+
+    def cancel(self) -> None:
+        """Stop every request of this stream at the engine's next step."""
+        for request in self._requests:
+            request.cancelled = True
 
 
 def _sse(data: dict[str, Any] | str) -> str:

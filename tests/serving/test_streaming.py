@@ -8,7 +8,12 @@ to the replacement character until the character is complete, as byte-level BPE 
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
 
 from areal_agents.serving.streaming import Detokenizer, ToolCallSplitter
 
@@ -67,3 +72,62 @@ def test_text_that_only_looks_like_a_tag_start_is_released() -> None:
     assert splitter.feed("y> b") == " <toy> b"
     off = ToolCallSplitter(tools=False)  # tool_choice none: the tag is just text
     assert off.feed("<tool_call>{}") == "<tool_call>{}" and off.finish() == ("", [])
+
+
+# ---- a stream whose client goes away stops generating (the tiny model, in this process) ------
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Any]:
+    from areal_agents.serving.engine import Engine
+    from areal_agents.trainers.modeling import tiny_model_path
+
+    eng = Engine(tiny_model_path(), max_batch_size=4)
+    yield eng
+    eng.close()
+
+
+def _long_request(**kw: Any) -> Any:
+    from areal_agents.serving.engine import GenerationRequest
+
+    return GenerationRequest(prompt_ids=[1, 2, 3], max_tokens=200, ignore_eos=True, **kw)
+
+
+def test_a_cancelled_request_leaves_the_batch_at_the_next_step(engine: Any) -> None:
+    request = _long_request(temperature=0.0)
+    seen: list[int] = []
+
+    def on_token(token: int) -> None:
+        seen.append(token)
+        if len(seen) == 3:
+            request.cancelled = True
+
+    request.on_token = on_token
+    result = engine.submit(request).result(timeout=120)
+    assert result.finish_reason == "abort" and len(result.token_ids) == 3 == len(seen)
+
+
+def test_a_stream_closed_early_cancels_its_requests(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from areal_agents.serving.streaming import TokenStream
+
+    requests = [_long_request(temperature=1.0, seed=s) for s in (1, 2)]
+    futures: list[Any] = []
+    submit = engine.submit
+    monkeypatch.setattr(engine, "submit", lambda r: futures.append(submit(r)) or futures[-1])
+
+    async def read_two_then_leave() -> list[Any]:
+        items = []
+        stream = TokenStream(engine, requests).__aiter__()
+        items.append(await anext(stream))
+        items.append(await anext(stream))
+        await stream.aclose()  # what a cancelled response task does to it
+        return items
+
+    items = asyncio.run(read_two_then_leave())
+    assert all(isinstance(token, int) for _, token in items)
+    assert all(r.cancelled for r in requests)
+    results = [f.result(timeout=120) for f in futures]
+    assert [r.finish_reason for r in results] == ["abort", "abort"]
+    assert all(len(r.token_ids) < 200 for r in results)  # not run to max_tokens
