@@ -54,12 +54,15 @@ def _describe(default: Any, prefix: str = "") -> list[str]:
 
 def preflight(cfg: TrainConfig) -> None:
     """What would fail after start-up, refused now with the key named: the environment is
-    built once with its arguments, and the run directory must be writable."""
+    built once with its arguments, the run directory must be writable, and the chat template
+    must be prefix-preserving over multi-turn tool dialogues (``model.chat_template``)."""
     from areal_agents.config import writable_dir
     from areal_agents.preflight import check_env
+    from areal_agents.trainers.modeling import check_model_template
 
     check_env(cfg.env.name, cfg.env.make_kwargs(), name_key="env", kwargs_key="env.kwargs")
     writable_dir(cfg.run_dir(), "output_dir")
+    check_model_template(cfg.model)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

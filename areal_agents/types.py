@@ -135,6 +135,10 @@ class Turn:
     finish_reason: str | None = None
     usage: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
     """Token counts the endpoint reported (``prompt_tokens``, ``completion_tokens``), if any."""
+    reasoning: str | None = None
+    """Reasoning an endpoint returned apart from ``text`` (OpenAI-style ``reasoning_content``,
+    from a server with a reasoning parser). A token-level turn keeps its ``<think>`` span inside
+    ``text``, exactly as sampled, and leaves this None."""
 
     def __post_init__(self) -> None:
         n = None if self.completion_ids is None else len(self.completion_ids)
@@ -147,6 +151,10 @@ class Turn:
     def version(self) -> int | None:
         """The newest policy version that produced any token of this turn."""
         return max(self.versions) if self.versions else None
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,9 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    reasoning_content: str | None = None
+    """An assistant's reasoning when the endpoint returned it apart from ``content`` (kept in
+    transcripts; what a client sends back of it is the client's choice)."""
     turn_id: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -190,7 +201,8 @@ class Message:
     def from_turn(cls, turn: Turn, tool_calls: Sequence[ToolCall] | None = None) -> Message:
         """The assistant message for ``turn``, keeping the turn's id as provenance."""
         calls = tuple(tool_calls if tool_calls is not None else (turn.tool_calls or ()))
-        return cls("assistant", turn.text, tool_calls=calls, turn_id=turn.id)
+        reasoning = turn.reasoning
+        return cls("assistant", turn.text, calls, reasoning_content=reasoning, turn_id=turn.id)
 
     def to_openai(self) -> dict[str, Any]:
         """The message as an OpenAI chat ``messages`` entry."""
@@ -201,6 +213,8 @@ class Message:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             out["name"] = self.name
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         return out
 
     @classmethod
@@ -215,6 +229,7 @@ class Message:
             tool_calls=tuple(ToolCall.from_openai(c) for c in data.get("tool_calls") or ()),
             tool_call_id=data.get("tool_call_id"),
             name=data.get("name"),
+            reasoning_content=_text_or_none(data.get("reasoning_content", data.get("reasoning"))),
         )
 
 

@@ -61,6 +61,8 @@ class ChatReply:
     """``prompt_tokens`` and ``completion_tokens``, when the endpoint reported usage."""
     malformed_tool_calls: int = 0
     """How many of ``tool_calls`` were malformed (empty name)."""
+    reasoning: str | None = None
+    """``message.reasoning_content`` (or ``message.reasoning``), when the endpoint sent it."""
 
 
 def parse_chat_completion(body: bytes | str) -> ChatReply:
@@ -97,12 +99,18 @@ def parse_chat_completion(body: bytes | str) -> ChatReply:
         raise MalformedResponseError(f"choices[0].finish_reason is a {_kind(finish)}")
     calls = _tool_calls(message.get("tool_calls"))
     malformed = sum(not c.name for c in calls or ())
+    reasoning = message.get("reasoning_content", message.get("reasoning"))
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise MalformedResponseError(
+            f"choices[0].message.reasoning_content is a {_kind(reasoning)}, not a string or null"
+        )
     return ChatReply(
         text=text,
         tool_calls=calls,
         finish_reason=None if finish is None else _clean(finish, "finish_reason"),
         usage=_usage(data.get("usage")),
         malformed_tool_calls=malformed,
+        reasoning=None if reasoning is None else _clean(reasoning, "message.reasoning_content"),
     )
 
 

@@ -6,154 +6,42 @@ and token-id prompts on ``/v1/completions``. Every response carries the serving 
 (``weight_version`` in the body, ``X-Weight-Version`` header). Training routes: ``/pause``,
 ``/resume``, ``/weight_version``, ``/update_weights_from_disk`` (JSON ``{"path", "version"}``)
 and ``/update_weights?version=N`` (a safetensors-serialised state dict as the request body).
+``stream=true`` answers with server-sent events (:mod:`areal_agents.serving.streaming`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
 from areal_agents.errors import ConfigError, WeightSyncError
 from areal_agents.policies.templates import render_prompt_ids
 from areal_agents.serving.engine import Engine, GenerationRequest, GenerationResult
+from areal_agents.serving.schema import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    SamplingRequest,
+    check_messages,
+    check_tools,
+    parse_hermes_tool_calls,
+)
+from areal_agents.serving.streaming import (
+    Detokenizer,
+    TokenStream,
+    chat_events,
+    completion_events,
+)
 
 __all__ = ["APIError", "ChatRequest", "CompletionRequest", "create_app", "parse_hermes_tool_calls"]
-
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-class APIError(Exception):
-    """An error answered in the OpenAI error format."""
-
-    def __init__(
-        self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-
-
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as vLLM does
-
-    model: str
-    n: int = Field(1, ge=1, le=64)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    stream: bool = False
-    return_token_ids: bool = False
-    ignore_eos: bool = False
-
-
-class ChatRequest(_Base):
-    """``POST /v1/chat/completions``."""
-
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    max_completion_tokens: int | None = Field(None, ge=1)
-
-
-class CompletionRequest(_Base):
-    """``POST /v1/completions`` (text or token-id prompts)."""
-
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
-
-
-def parse_hermes_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split ``text`` into content and OpenAI ``tool_calls`` (``<tool_call>`` JSON blocks).
-
-    As vLLM's hermes parser: when any block is not a JSON object with a ``name``, nothing is
-    parsed and the whole text is content.
-    """
-    blocks = _TOOL_BLOCK.findall(text)
-    if not blocks:
-        return text, []
-    calls = []
-    for raw in blocks:
-        try:
-            data = json.loads(raw.strip())
-        except json.JSONDecodeError:
-            return text, []
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            return text, []
-        arguments = data.get("arguments", {})
-        calls.append(
-            {
-                "id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {
-                    "name": data["name"],
-                    "arguments": arguments
-                    if isinstance(arguments, str)
-                    else json.dumps(arguments, ensure_ascii=False),
-                },
-            }
-        )
-    content = text[: text.find("<tool_call>")].strip()
-    return content or None, calls
-
-
-def _check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-
-    out = []
-    for i, tool in enumerate(tools or []):
-        fn = tool.get("function")
-        if tool.get("type") != "function" or not isinstance(fn, dict):
-            raise APIError(400, f"tools[{i}]: expected {{'type': 'function', 'function': {{...}}}}")
-        name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise APIError(
-                400, f"tools[{i}].function.name {name!r} must match [A-Za-z0-9_-]{{1,64}}"
-            )
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, dict):
-            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema object")
-        try:
-            Draft202012Validator.check_schema(params)
-        except SchemaError as e:
-            raise APIError(
-                400, f"tools[{i}].function.parameters: bad schema: {e.message}"
-            ) from None
-        out.append(tool)
-    return out
-
-
-def _check_messages(messages: list[dict[str, Any]]) -> None:
-    for i, m in enumerate(messages):
-        if m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
-            raise APIError(400, f"messages[{i}].role {m.get('role')!r} is not a chat role")
-        content = m.get("content")
-        if isinstance(content, list):
-            parts = [p.get("text", "") for p in content if isinstance(p, dict)]
-            m["content"] = "".join(parts)
-        elif content is None:
-            m["content"] = ""
-        elif not isinstance(content, str):
-            raise APIError(400, f"messages[{i}].content must be a string or content parts")
-        if m["role"] == "developer":
-            m["role"] = "system"
 
 
 class _Server:
@@ -162,7 +50,7 @@ class _Server:
         self.name = served_name
         self.tok: Any = engine.tokenizer
 
-    def _check_common(self, req: _Base) -> None:
+    def _check_common(self, req: SamplingRequest) -> None:
         if req.model != self.name:
             raise APIError(
                 404,
@@ -170,14 +58,22 @@ class _Server:
                 "NotFoundError",
                 "model",
             )
-        if req.stream:
+        if req.stream_options is not None and not req.stream:
             raise APIError(
-                400, "stream=true is not supported by the built-in server", param="stream"
+                400, "stream_options can only be given with stream=true", param="stream_options"
+            )
+        logprobs = getattr(req, "logprobs", None)  # chat: a bool; completions: 0..20 or None
+        wants_logprobs = logprobs is not None and logprobs is not False
+        if req.stream and (wants_logprobs or req.return_token_ids):
+            raise APIError(
+                400,
+                "the built-in server does not stream logprobs or token ids: drop stream=true",
+                param="stream",
             )
 
     def _requests(
         self,
-        req: _Base,
+        req: SamplingRequest,
         prompt: list[int],
         max_tokens: int | None,
         top: int,
@@ -224,10 +120,13 @@ class _Server:
     def _token(self, token_id: int) -> str:
         return self.tok.decode([token_id], skip_special_tokens=False)
 
-    async def chat(self, req: ChatRequest) -> dict[str, Any]:
+    def _chat_setup(
+        self, req: ChatRequest
+    ) -> tuple[str | dict[str, Any], list[int], list[GenerationRequest]]:
+        """Check a chat request; its tool choice, prompt ids and generation requests."""
         self._check_common(req)
-        tools = _check_tools(req.tools)
-        _check_messages(req.messages)
+        tools = check_tools(req.tools)
+        check_messages(req.messages)
         choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
         prefix_text = ""
         if isinstance(choice, dict):
@@ -253,7 +152,30 @@ class _Server:
         )
         top = (req.top_logprobs or 0) if req.logprobs else 0
         limit = req.max_completion_tokens or req.max_tokens
-        results = await self._generate(self._requests(req, prompt, limit, top, prefix))
+        return choice, prompt, self._requests(req, prompt, limit, top, prefix)
+
+    def _start_stream(self, requests: list[GenerationRequest]) -> TokenStream:
+        try:
+            return TokenStream(self.engine, requests)
+        except ConfigError as e:
+            raise APIError(400, str(e)) from None
+
+    async def chat_stream(self, req: ChatRequest) -> AsyncIterator[str]:
+        """The events of a ``stream=true`` chat request (checked and submitted already)."""
+        choice, prompt, requests = self._chat_setup(req)
+        return chat_events(
+            self._start_stream(requests),
+            model=self.name,
+            detokenizers=[Detokenizer(self.tok, r.stop) for r in requests],
+            tools=choice != "none",
+            final_text=lambda res: self._text(res.token_ids, res.stop_reason),
+            prompt_tokens=len(prompt),
+            include_usage=bool((req.stream_options or {}).get("include_usage")),
+        )
+
+    async def chat(self, req: ChatRequest) -> dict[str, Any]:
+        choice, prompt, requests = self._chat_setup(req)
+        results = await self._generate(requests)
         choices = []
         for i, res in enumerate(results):
             text = self._text(res.token_ids, res.stop_reason)
@@ -296,7 +218,10 @@ class _Server:
             )
         return {"content": content}
 
-    async def completions(self, req: CompletionRequest) -> dict[str, Any]:
+    def _completion_setup(
+        self, req: CompletionRequest
+    ) -> tuple[list[list[int]], list[GenerationRequest]]:
+        """Check a completion request; its prompts and generation requests."""
         self._check_common(req)
         if req.echo:
             raise APIError(400, "echo=true is not supported by the built-in server", param="echo")
@@ -317,7 +242,24 @@ class _Server:
         if any(not p for p in prompts):
             raise APIError(400, "prompt is empty", param="prompt")
         top = req.logprobs or 0
-        batch = [r for p in prompts for r in self._requests(req, p, req.max_tokens, top, ())]
+        return prompts, [
+            r for p in prompts for r in self._requests(req, p, req.max_tokens, top, ())
+        ]
+
+    async def completions_stream(self, req: CompletionRequest) -> AsyncIterator[str]:
+        """The events of a ``stream=true`` completion request (checked and submitted already)."""
+        prompts, requests = self._completion_setup(req)
+        return completion_events(
+            self._start_stream(requests),
+            model=self.name,
+            detokenizers=[Detokenizer(self.tok, r.stop) for r in requests],
+            final_text=lambda res: self._text(res.token_ids, res.stop_reason),
+            prompt_tokens=sum(len(p) for p in prompts),
+            include_usage=bool((req.stream_options or {}).get("include_usage")),
+        )
+
+    async def completions(self, req: CompletionRequest) -> dict[str, Any]:
+        prompts, batch = self._completion_setup(req)
         results = await self._generate(batch)
         choices = []
         for i, res in enumerate(results):
@@ -386,6 +328,11 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> JS
     return JSONResponse(body, status_code=status)
 
 
+def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+
 class _DiskUpdate(BaseModel):
     """Body of ``/update_weights_from_disk`` (module level: FastAPI must resolve the name)."""
 
@@ -443,12 +390,16 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         }
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest) -> dict[str, Any]:
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(req: ChatRequest) -> dict[str, Any] | StreamingResponse:
+        if req.stream:
+            return _event_stream(await server.chat_stream(req))
         return await server.chat(req)
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> dict[str, Any]:
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> dict[str, Any] | StreamingResponse:
+        if req.stream:
+            return _event_stream(await server.completions_stream(req))
         return await server.completions(req)
 
     @app.get("/weight_version")

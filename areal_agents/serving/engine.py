@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +59,12 @@ class GenerationRequest:
     """Tokens emitted before sampling starts (e.g. ``<tool_call>`` when a tool is required)."""
     ignore_eos: bool = False
     """Keep going past end-of-sequence tokens (vLLM's ``ignore_eos``)."""
+    on_token: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
+    """Called from the scheduler thread with each output token as it is chosen (forced tokens
+    included), before the request's future resolves; for streaming. It must return at once."""
+    cancelled: bool = field(default=False, repr=False, compare=False)
+    """Set it (from any thread) to end the generation at the next step with
+    ``finish_reason="abort"``: a streaming client went away."""
 
 
 @dataclass
@@ -305,6 +311,8 @@ class Engine:
         prompts = [r.request.prompt_ids + list(r.request.forced_prefix) for r in rows]
         for row in rows:  # forced tokens are part of the output, with their logprobs below
             row.tokens.extend(row.request.forced_prefix)
+            for token in row.request.forced_prefix:
+                self._notify(row, token)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -409,14 +417,29 @@ class Engine:
             if row.finish is not None:
                 continue
             req = row.request
+            if req.cancelled:  # the row leaves the batch before the next decoding step
+                row.finish = "abort"
+                continue
             token = self._pick(logits[i], req.temperature, req.top_p, row.generator)
             chosen[i] = token
             row.tokens.append(token)
+            self._notify(row, token)
             row.logprobs.append(float(logprobs[i, token]))
             if req.top_logprobs:
                 row.top.append(self._top(logprobs[i], req.top_logprobs))
             self._check_done(row, token)
         return chosen.to(logits.device)
+
+    @staticmethod
+    def _notify(row: _Row, token: int) -> None:
+        callback = row.request.on_token
+        if callback is None:
+            return
+        try:
+            callback(token)
+        except Exception:  # a listener that went away (client gone) must not stop the batch
+            logger.debug("on_token failed; no more tokens are reported", exc_info=True)
+            row.request.on_token = None
 
     @staticmethod
     def _top(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:

@@ -172,7 +172,8 @@ class TrajectoryBuffer:
         self._inflight: dict[int, tuple[TaskRef, int]] = {}
         self._ready: dict[int, Group] = {}
         self.counters: dict[str, int] = {
-            "dropped_episodes": 0,
+            "finished_episodes": 0,  # handed back with a trajectory (trained or filtered)
+            "dropped_episodes": 0,  # dropped for infrastructure faults after their retries
             "dropped_groups": 0,
             "filtered_groups": 0,
             "admitted_groups": 0,
@@ -215,6 +216,7 @@ class TrajectoryBuffer:
             return "ignored"
         ref, version = entry
         self.counters["dropped_episodes"] += dropped_episodes
+        self.counters["finished_episodes"] += len(trajectories)
         if not trajectories:
             self.counters["dropped_groups"] += 1
             return "dropped"

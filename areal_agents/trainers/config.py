@@ -91,6 +91,11 @@ class ModelConfig:
     """Learner parameter dtype (bf16 is ~5x slower than fp32 on CPUs without bf16 units)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, more time)."""
+    chat_template: str | None = None
+    """The chat template every engine renders with: None (the model's own when it renders
+    tools, else ``chatml_tools``), ``chatml_tools`` (areal_agents' ChatML template with Hermes
+    tool calls), ``trl`` (TRL's training version of the model's template) or a Jinja file.
+    Checked at start-up: it must be prefix-preserving over multi-turn tool dialogues."""
 
     @classmethod
     def from_name(cls, name: str) -> ModelConfig:

@@ -40,9 +40,14 @@ from areal_agents.trainers.inference import (
     stop_servers,
 )
 from areal_agents.trainers.learner_group import LearnerGroup
-from areal_agents.trainers.metrics import MetricsLogger, write_summary
-from areal_agents.trainers.modeling import resolve_model_dir
-from areal_agents.trainers.report import refresh_report, tool_metrics
+from areal_agents.trainers.metrics import (
+    MetricsLogger,
+    health_metrics,
+    progress_postfix,
+    write_summary,
+)
+from areal_agents.trainers.modeling import prepare_model_dir
+from areal_agents.trainers.report import refresh_report
 from areal_agents.trainers.runtime import (
     RolloutWorkerActor,
     choose_run_dir,
@@ -61,7 +66,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run (or resume) the training described by ``cfg``; returns the run summary."""
     run_dir, resume_from = choose_run_dir(cfg)
     check_env(cfg)
-    model_dir = resolve_model_dir(cfg.model.name)
+    model_dir = prepare_model_dir(cfg.model, run_dir)  # the chat-template gate: before Ray
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
     ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
@@ -119,6 +124,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         budget = cfg.trainer.time_budget_s
         deadline = None if budget is None else start + budget
         stop_reason = "total_steps"
+        stats = ray.get(buffer.stats.remote())  # dropped episodes are counted from here on
         while step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
             groups = wait_for_batch(buffer, runs, bar, deadline)
@@ -133,7 +139,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             sync_s = sync.push(learners, step)
             ray.get(buffer.set_version.remote(version=step))
 
-            stats = ray.get(buffer.stats.remote())
+            stats_before, stats = stats, ray.get(buffer.stats.remote())
             times = {
                 "wait_s": t1 - t0,
                 "train_s": t2 - t1,
@@ -143,16 +149,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             }
             metrics = step_metrics(step, groups, learn, stats, times)
             metrics["server/weight_version"] = min(sync.served_versions)
-            metrics.update(tool_metrics(t.metadata.to_dict() for t in trajectories))
+            metrics.update(health_metrics(trajectories, stats_before, stats))
             log.log(step, metrics)
             log.transcripts(step, sample_transcripts(groups, cfg.log.transcripts_per_step))
             refresh_report(run_dir)  # runs/<name>/report.html, replaced atomically
             bar.update(1)
-            bar.set_postfix(
-                reward=f"{metrics['reward/mean']:.3f}",
-                tok_s=f"{metrics['throughput/tokens_per_s']:.1f}",
-                stale=int(metrics["staleness/max"]),
-            )
+            bar.set_postfix(progress_postfix(metrics))  # tool errors and drops when non-zero
 
             if checkpoint_due(step, cfg):
                 save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
@@ -282,7 +284,6 @@ def step_metrics(
         "reward/std": statistics.pstdev(rewards),
         "reward/max": max(rewards),
         "episodes": len(trajs),
-        "episode/turns_mean": statistics.fmean(t.num_turns for t in trajs),
         "episode/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
         "tokens/policy": policy_tokens,
         "tokens/total": sum(len(t.sequence_ids) for t in trajs),

@@ -4,6 +4,25 @@ On resume from checkpoint ``k`` the JSONL files are cut back to steps ``<= k`` a
 purges later events, so the record of a resumed run reads like that of an uninterrupted one.
 At the end, :func:`write_summary` writes ``summary.json`` and ``summary.png`` (reward and
 throughput over time).
+
+Every step also records the health of tool use and of the rollouts (:func:`health_metrics`):
+the rate of each kind of tool-call mistake (``tools/error_rate/<kind>`` for every kind in
+:data:`~areal_agents.envs.base.ERROR_KINDS`, zero included, so each curve is continuous), turns
+per episode, and the share of the episodes finished since the last step that were dropped for
+infrastructure faults (``episode/dropped_frac``). :func:`progress_postfix` puts the non-zero
+ones on the progress bar.
+
+>>> from areal_agents.types import Trajectory, TrajectoryMetadata
+>>> t = Trajectory((1, 2), (0, 1), (0.0, -0.5), (-1, 0), reward=1.0, group_id="task0",
+...     num_turns=2, metadata=TrajectoryMetadata(tool_calls=3, tool_errors={"parse": 1}))
+>>> before = {"buffer/finished_episodes": 0, "buffer/dropped_episodes": 0}
+>>> after = {"buffer/finished_episodes": 3, "buffer/dropped_episodes": 1}
+>>> h = health_metrics([t], before, after)
+>>> h["tools/error_rate/parse"], h["tools/error_rate/tool_failure"], h["episode/dropped_frac"]
+(0.25, 0.0, 0.25)
+>>> progress_postfix({"reward/mean": 0.5, "throughput/tokens_per_s": 12.0, **h})
+{'reward': '0.500', 'tok_s': '12.0', 'stale': 0, 'tool_err': '0.25', 'parse': '0.25', \
+'dropped': '0.25'}
 """
 
 from __future__ import annotations
@@ -12,14 +31,87 @@ import json
 import math
 import os
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from areal_agents.envs.base import ERROR_KINDS
 from areal_agents.files import atomic_write, read_jsonl, write_json
 from areal_agents.trainers.config import LogConfig
+from areal_agents.trainers.report import tool_metrics
+from areal_agents.types import Trajectory
 
-__all__ = ["MetricsLogger", "truncate_jsonl", "write_summary"]
+__all__ = [
+    "MetricsLogger",
+    "health_metrics",
+    "progress_postfix",
+    "truncate_jsonl",
+    "write_summary",
+]
+
+#: How the progress bar names each kind of tool-call mistake.
+_SHORT_KINDS = {
+    "parse": "parse",
+    "unknown_tool": "unknown_tool",
+    "invalid_arguments": "bad_args",
+    "tool_failure": "tool_fail",
+    "too_many_calls": "too_many",
+    "time_budget": "timeout",
+}
+
+
+def health_metrics(
+    trajectories: Sequence[Trajectory],
+    buffer_before: Mapping[str, float],
+    buffer_now: Mapping[str, float],
+) -> dict[str, float]:
+    """Tool-call and rollout health of one step.
+
+    Args:
+        trajectories: the step's batch.
+        buffer_before: the buffer's :meth:`~areal_agents.trainers.buffer.TrajectoryBuffer.stats`
+            after the previous step (or at the start of the run).
+        buffer_now: the same after this step; the difference gives the episodes finished and
+            dropped in between (a dropped episode never reaches a batch, so the batch alone
+            cannot tell).
+
+    Returns ``tools/calls_per_episode``, ``tools/error_rate`` and ``tools/error_rate/<kind>``
+    (per tool-call attempt, see :func:`~areal_agents.trainers.report.tool_metrics`),
+    ``episode/turns_mean`` and ``episode/turns_max``, ``episode/dropped`` and
+    ``episode/dropped_frac`` (dropped over finished plus dropped, 0.0 when neither).
+    """
+    out = tool_metrics(t.metadata.to_dict() for t in trajectories)
+    for kind in ERROR_KINDS:
+        out.setdefault(f"tools/error_rate/{kind}", 0.0)
+    turns = [t.num_turns for t in trajectories]
+    out["episode/turns_mean"] = statistics.fmean(turns) if turns else 0.0
+    out["episode/turns_max"] = float(max(turns, default=0))
+
+    def delta(key: str) -> float:
+        return float(buffer_now.get(key, 0.0)) - float(buffer_before.get(key, 0.0))
+
+    dropped, finished = delta("buffer/dropped_episodes"), delta("buffer/finished_episodes")
+    out["episode/dropped"] = dropped
+    out["episode/dropped_frac"] = dropped / (dropped + finished) if dropped + finished else 0.0
+    return out
+
+
+def progress_postfix(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The progress bar's postfix for a step's metrics: reward, tokens/s and staleness always;
+    the tool-error rates (all kinds, then each kind) and the dropped share only when non-zero."""
+    out: dict[str, Any] = {
+        "reward": f"{metrics['reward/mean']:.3f}",
+        "tok_s": f"{metrics['throughput/tokens_per_s']:.1f}",
+        "stale": int(metrics.get("staleness/max", 0)),
+    }
+    if metrics.get("tools/error_rate"):
+        out["tool_err"] = f"{metrics['tools/error_rate']:.2f}"
+    for kind in ERROR_KINDS:
+        if rate := metrics.get(f"tools/error_rate/{kind}"):
+            out[_SHORT_KINDS.get(kind, kind)] = f"{rate:.2f}"
+    if metrics.get("episode/dropped_frac"):
+        out["dropped"] = f"{metrics['episode/dropped_frac']:.2f}"
+    return out
 
 
 def truncate_jsonl(path: str | os.PathLike[str], max_step: int) -> None:

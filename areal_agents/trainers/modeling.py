@@ -11,8 +11,9 @@ converted default model, so that the inference server can load it like any HF di
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +21,19 @@ from torch import Tensor, nn
 from areal_agents.errors import ConfigError
 from areal_agents.files import atomic_directory
 
-__all__ = ["TINY_MODEL_NAME", "ValueModel", "load_policy", "resolve_model_dir", "tiny_model_path"]
+if TYPE_CHECKING:
+    from areal_agents.trainers.config import ModelConfig
+
+__all__ = [
+    "TINY_MODEL_NAME",
+    "ValueModel",
+    "check_model_template",
+    "load_policy",
+    "prepare_model_dir",
+    "resolve_model_dir",
+    "tiny_model_path",
+    "with_chat_template",
+]
 
 TINY_MODEL_NAME = "tiny-random-smollm2"
 _TINY_STAMP = "areal_tiny.json"
@@ -71,6 +84,55 @@ def resolve_model_dir(name: str) -> Path:
             "to a saved Hugging Face model (no model hub is reached at run time)"
         )
     return path
+
+
+def check_model_template(model: ModelConfig) -> tuple[Path, str]:
+    """The model's directory and the chat template ``model.chat_template`` chooses for it,
+    checked to be prefix-preserving over a multi-turn tool dialogue (a
+    :class:`~areal_agents.errors.ConfigError` naming ``model.chat_template`` otherwise).
+
+    Costs a tokenizer load and a few renderings: the trainer runs it before Ray or a server
+    starts (see :mod:`areal_agents.policies.template_check`).
+    """
+    from transformers import AutoTokenizer
+
+    from areal_agents.policies.template_check import check_chat_template
+
+    model_dir = resolve_model_dir(model.name)
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+    return model_dir, check_chat_template(tokenizer, model.chat_template, model.name)
+
+
+def with_chat_template(model_dir: Path, template: str, dest: Path) -> Path:
+    """``dest``: ``model_dir`` with ``template`` as its chat template; every other file is a
+    symbolic link to the original (nothing is copied, the original is left alone). ``dest`` is
+    rebuilt from scratch; it must be readable wherever the model is loaded."""
+    if dest.is_symlink() or dest.is_file():
+        dest.unlink()
+    elif dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for entry in sorted(model_dir.iterdir()):
+        if entry.name in ("chat_template.jinja", "chat_template.json"):
+            continue
+        if entry.name == "tokenizer_config.json":  # its own template would compete
+            config = json.loads(entry.read_text())
+            config.pop("chat_template", None)
+            (dest / entry.name).write_text(json.dumps(config, indent=2))
+            continue
+        (dest / entry.name).symlink_to(entry.resolve())
+    (dest / "chat_template.jinja").write_text(template)
+    return dest
+
+
+def prepare_model_dir(model: ModelConfig, run_dir: Path) -> Path:
+    """The model directory a run uses: checked by :func:`check_model_template`, and, when
+    ``model.chat_template`` is set, seen through ``<run>/model`` with that template, so that
+    the servers, the rollout clients and the learner all render with it."""
+    model_dir, template = check_model_template(model)
+    if model.chat_template is None:
+        return model_dir
+    return with_chat_template(model_dir, template, run_dir / "model")
 
 
 def load_policy(path: Path, dtype: str = "float32", gradient_checkpointing: bool = False) -> Any:

@@ -266,6 +266,131 @@ def test_chat_policy_returns_structured_tool_calls(server: Any) -> None:
     assert isinstance(turn.tool_calls[0], ToolCall) and turn.usage is not None
 
 
+def _collect(stream: Any) -> tuple[list[Any], dict[int, str], dict[int, dict[int, dict[str, str]]]]:
+    """All chunks of a chat stream, the content per choice, and the tool calls per choice (the
+    deltas of each call index joined, as a client must)."""
+    chunks, content = list(stream), {}
+    calls: dict[int, dict[int, dict[str, str]]] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content[choice.index] = content.get(choice.index, "") + (choice.delta.content or "")
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(choice.index, {}).setdefault(
+                    delta.index, {"id": "", "name": "", "arguments": ""}
+                )
+                call["id"] += delta.id or ""
+                if delta.function is not None:
+                    call["name"] += delta.function.name or ""
+                    call["arguments"] += delta.function.arguments or ""
+    return chunks, content, calls
+
+
+def test_streamed_chat_matches_the_whole_answer_and_reports_usage(
+    client: openai.OpenAI, server: Any
+) -> None:
+    request: dict[str, Any] = {
+        "model": server.served_model_name,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**request)
+    chunks, content, calls = _collect(
+        client.chat.completions.create(
+            **request, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert content == {0: whole.choices[0].message.content} and not calls
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # pieces
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason and set(finishes[:-1]) == {None}
+    usage_chunk = chunks[-1]  # include_usage: a last chunk with the usage and no choices
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert whole.usage is not None
+    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
+    assert usage_chunk.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_streamed_tool_calls_arrive_as_tool_call_deltas(client: openai.OpenAI, server: Any) -> None:
+    request: dict[str, Any] = {
+        "model": server.served_model_name,
+        "messages": few_shot_tool_conversation(),
+        "tools": [CALCULATOR],
+        "max_tokens": 48,
+        "temperature": 0,
+    }
+    chunks, content, calls = _collect(client.chat.completions.create(**request, stream=True))
+    (call,) = calls[0].values()
+    assert call["name"] == "calculator" and call["id"]
+    assert json.loads(call["arguments"]) == {"expression": "12 * 7"}
+    assert "<tool_call>" not in content[0]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    # the openai client's streaming helper assembles the same message
+    with client.chat.completions.stream(**request) as stream:
+        events = {event.type for event in stream}
+        final = stream.get_final_completion()
+    assert "tool_calls.function.arguments.done" in events
+    message = final.choices[0].message
+    assert message.tool_calls and message.tool_calls[0].function.name == "calculator"  # type: ignore[union-attr]
+    assert json.loads(message.tool_calls[0].function.arguments) == {"expression": "12 * 7"}  # type: ignore[union-attr]
+
+
+def test_streamed_choices_and_completions(client: openai.OpenAI, server: Any) -> None:
+    chunks, content, _ = _collect(
+        client.chat.completions.create(
+            model=server.served_model_name,
+            messages=[{"role": "user", "content": "Name a colour."}],
+            max_tokens=6,
+            temperature=1.0,
+            seed=3,
+            n=2,
+            stream=True,
+        )
+    )
+    assert set(content) == {0, 1} and all(content.values())  # two choices, each with text
+    finished = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finished) == [0, 1]  # each choice ends once
+    request: dict[str, Any] = {
+        "model": server.served_model_name,
+        "prompt": "The capital of France is",
+        "max_tokens": 6,
+        "temperature": 0,
+    }
+    whole = client.completions.create(**request)
+    chunks = list(
+        client.completions.create(**request, stream=True, stream_options={"include_usage": True})
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert whole.usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_streaming_requests_that_are_refused(client: openai.OpenAI, server: Any) -> None:
+    with pytest.raises(openai.BadRequestError, match=r"(?i)stream_options|stream options"):
+        client.chat.completions.create(
+            model=server.served_model_name,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            stream_options={"include_usage": True},
+        )
+    with pytest.raises(openai.BadRequestError, match=r"context length|max_model_len"):
+        client.completions.create(  # refused before any event is sent
+            model=server.served_model_name, prompt="hi", max_tokens=5000, stream=True
+        )
+    if server.kind == "builtin":  # vLLM streams logprobs; the built-in server says it does not
+        with pytest.raises(openai.BadRequestError, match="logprobs"):
+            client.chat.completions.create(
+                model=server.served_model_name,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=2,
+                logprobs=True,
+                stream=True,
+            )
+
+
 @pytest.fixture(scope="module")
 def noisy_dir(model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A checkpoint of the default model with noise on its MLP weights (same shapes)."""
