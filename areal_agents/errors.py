@@ -27,6 +27,7 @@ __all__ = [
     "SandboxError",
     "SandboxUnavailableError",
     "ToolError",
+    "ToolTimeout",
     "UnknownEnvironmentError",
     "WeightSyncError",
     "did_you_mean",
@@ -61,6 +62,18 @@ class DependencyError(AgentsError, ImportError):
 
 class ToolError(AgentsError):
     """A tool could not do what the model asked. Environments report it back to the model."""
+
+
+class ToolTimeout(ToolError):
+    """A tool's work ran out of its time limit (a program killed for running too long).
+
+    ``output`` is what the model reads (the tool's usual report, partial output included);
+    environments count the call as a ``timeout`` tool error.
+    """
+
+    def __init__(self, output: str) -> None:
+        super().__init__(output)
+        self.output = output
 
 
 # --- infrastructure faults ------------------------------------------------------------------

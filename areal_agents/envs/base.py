@@ -49,7 +49,7 @@ from areal_agents.envs._checks import (
 )
 from areal_agents.envs.actions import clean_text, coerce_action
 from areal_agents.envs.spaces import MessagesSpace, TurnSpace
-from areal_agents.errors import ConfigError, InfrastructureError, did_you_mean
+from areal_agents.errors import ConfigError, InfrastructureError, ToolTimeout, did_you_mean
 from areal_agents.tools.base import Tool, call_tool, validate_arguments
 from areal_agents.tools.parsing import ParseProblem, load_json, parse_tool_calls, strip_tool_calls
 from areal_agents.types import Message, ToolCall, Turn
@@ -60,13 +60,16 @@ logger = logging.getLogger(__name__)
 
 #: The kinds of tool-call mistakes counted in ``info["tool_errors"]``: ``parse`` (a call or
 #: a whole action that could not be read), ``unknown_tool``, ``invalid_arguments``,
-#: ``tool_failure``, ``too_many_calls`` (calls past ``max_tool_calls_per_turn``, not run) and
-#: ``time_budget`` (calls not run because the turn's time budget was spent).
+#: ``tool_failure``, ``timeout`` (a call that ran out of its time limit: the tool raised
+#: :class:`~areal_agents.errors.ToolTimeout`), ``too_many_calls`` (calls past
+#: ``max_tool_calls_per_turn``, not run) and ``time_budget`` (calls not run because the turn's
+#: time budget was spent).
 ERROR_KINDS = (
     "parse",
     "unknown_tool",
     "invalid_arguments",
     "tool_failure",
+    "timeout",
     "too_many_calls",
     "time_budget",
 )
@@ -355,6 +358,9 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
             output = call_tool(tool, arguments, timeout_s=time_left)
         except InfrastructureError:
             raise
+        except ToolTimeout as e:  # the model's program ran too long: its report, counted
+            self._errors["timeout"] += 1
+            return e.output
         except Exception as e:  # the tool failed on the model's input: report, go on
             self._errors["tool_failure"] += 1
             logger.debug("tool %s failed", call.name, exc_info=True)

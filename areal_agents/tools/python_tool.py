@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from areal_agents.config import check_timeout
-from areal_agents.errors import ConfigError, ToolError, did_you_mean
+from areal_agents.errors import ConfigError, ToolError, ToolTimeout, did_you_mean
 from areal_agents.sandboxes import BACKENDS, ExecResult, Sandbox, SandboxLimits, make_sandbox
 from areal_agents.types import ToolSpec
 
@@ -56,10 +56,14 @@ def _limit(own: float, budget: float | None) -> float:
     return own if budget is None else max(min(own, budget), 0.001)
 
 
-def _with_budget_note(text: str, result: ExecResult, limit: float, own: float) -> str:
-    if result.timed_out and limit < own:
+def _report(result: ExecResult, max_chars: int, limit: float, own: float) -> str:
+    """The model's view of a run; a run killed for time raises :class:`ToolTimeout` with it."""
+    text = format_exec_result(result, max_chars)
+    if not result.timed_out:
+        return text
+    if limit < own:
         text += f"\n(only {limit:.1f} s were left of this turn's tool time budget)"
-    return text
+    raise ToolTimeout(text)
 
 
 def _close_quietly(sandbox: Sandbox) -> None:
@@ -204,9 +208,7 @@ class PythonTool:
             raise ToolError(f"the code is longer than {self.max_code_chars} characters")
         limit = _limit(self.timeout_s, timeout_s)
         result = self.sandbox.get().run_python(code, timeout=limit)
-        return _with_budget_note(
-            format_exec_result(result, self.max_output_chars), result, limit, self.timeout_s
-        )
+        return _report(result, self.max_output_chars, limit, self.timeout_s)
 
 
 class BashTool:
@@ -248,6 +250,4 @@ class BashTool:
             raise ToolError("the command is empty")
         limit = _limit(self.timeout_s, timeout_s)
         result = self.sandbox.get().run(command, timeout=limit)
-        return _with_budget_note(
-            format_exec_result(result, self.max_output_chars), result, limit, self.timeout_s
-        )
+        return _report(result, self.max_output_chars, limit, self.timeout_s)

@@ -303,6 +303,7 @@ def test_sleeping_sandbox_calls_stay_within_the_turn_budget() -> None:
         assert info["tool_errors"]["too_many_calls"] == 4  # 12 calls, cap 8
         ran = info["tool_calls"]
         assert 1 <= ran <= 3 and info["tool_errors"]["time_budget"] == 8 - ran
+        assert info["tool_errors"]["timeout"] == ran  # each call that ran was killed for time
         assert elapsed < 2.5 + 10  # not 12 x 1 s: the budget bounds the turn
     finally:
         env.close()

@@ -115,6 +115,7 @@ async def test_bad_tool_calls_are_shown_to_the_model_and_counted() -> None:
         "unknown_tool": 1,
         "invalid_arguments": 1,
         "tool_failure": 0,
+        "timeout": 0,
         "too_many_calls": 0,
         "time_budget": 0,
     }

@@ -162,6 +162,7 @@ def test_bad_tool_calls_and_running_out_of_turns() -> None:
         "unknown_tool": 1,
         "invalid_arguments": 1,
         "tool_failure": 1,
+        "timeout": 0,
         "too_many_calls": 0,
         "time_budget": 0,
     }

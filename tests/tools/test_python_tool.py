@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from areal_agents.errors import ConfigError, SandboxError, ToolError
+from areal_agents.errors import ConfigError, SandboxError, ToolError, ToolTimeout
 from areal_agents.sandboxes import ExecResult
 from areal_agents.tools import BashTool, EpisodeSandbox, PythonTool, format_exec_result
 
@@ -34,7 +34,9 @@ def test_python_tool_reports_stdout_stderr_and_exit_status(backend: str) -> None
 def test_python_tool_time_limit_and_output_cap(backend: str) -> None:
     with EpisodeSandbox(backend) as box:
         tool = PythonTool(box, timeout_s=1, max_output_chars=100)
-        assert tool.call({"code": "while True: pass"}).startswith("timed out")
+        with pytest.raises(ToolTimeout) as killed:  # counted as a 'timeout' tool error
+            tool.call({"code": "while True: pass"})
+        assert killed.value.output.startswith("timed out")
         out = tool.call({"code": "print('x' * 5000)"})
         assert "more characters" in out and len(out) < 300
 
@@ -94,14 +96,18 @@ def test_format_exec_result_statuses() -> None:
 def test_a_turn_budget_can_only_shorten_the_tool_limit() -> None:
     with EpisodeSandbox("process") as box:
         tool = PythonTool(box, timeout_s=30)
-        out = tool.call({"code": "import time; time.sleep(60)"}, timeout_s=0.5)
+        with pytest.raises(ToolTimeout) as killed:
+            tool.call({"code": "import time; time.sleep(60)"}, timeout_s=0.5)
+        out = killed.value.output
         assert out.startswith("timed out") and "turn's tool time budget" in out
         # a larger budget does not lift the tool's own limit
         quick = PythonTool(box, timeout_s=0.5)
-        out = quick.call({"code": "import time; time.sleep(60)"}, timeout_s=100)
-        assert out.startswith("timed out") and "budget" not in out
+        with pytest.raises(ToolTimeout) as killed:
+            quick.call({"code": "import time; time.sleep(60)"}, timeout_s=100)
+        assert killed.value.output.startswith("timed out") and "budget" not in killed.value.output
         bash = BashTool(box, timeout_s=30)
-        assert bash.call({"command": "sleep 60"}, timeout_s=0.5).startswith("timed out")
+        with pytest.raises(ToolTimeout, match=r"^timed out"):
+            bash.call({"command": "sleep 60"}, timeout_s=0.5)
 
 
 @pytest.mark.parametrize(
