@@ -54,6 +54,7 @@ def test_a_rebuild_removes_the_image_it_replaced_unless_a_container_uses_it():
 
     client = docker.from_env()
     name = f"areal-rebuild-test:{uuid.uuid4().hex[:8]}"
+    first = None
     try:
         assert main(["build", "--image", name]) == 0
         first = client.images.get(name).id
@@ -70,6 +71,6 @@ def test_a_rebuild_removes_the_image_it_replaced_unless_a_container_uses_it():
         with pytest.raises(docker.errors.ImageNotFound):  # the one it replaced is gone
             client.images.get(second)
     finally:
-        for image_id in (name, locals().get("first")):
-            with contextlib.suppress(docker.errors.APIError, TypeError):
+        for image_id in (name, first):
+            with contextlib.suppress(docker.errors.APIError):
                 client.images.remove(image_id, force=True)
