@@ -97,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     image_help = "image name; None: $AREAL_SANDBOX_IMAGE, else areal-agents-sandbox:latest"
-    shows_defaults = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}
+    defaults = argparse.ArgumentDefaultsHelpFormatter
     p = sub.add_parser(
         "build",
         help="build the sandbox image (offline by default)",
         description="Build the sandbox image; a rebuild removes the image it replaced unless a "
         "container still uses it.",
-        **shows_defaults,
+        formatter_class=defaults,
     )
     p.add_argument("--image", help=image_help)
     p.add_argument(
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run a Python snippet or file in a sandbox",
         description="Run Python code in a sandbox; prints its output and exits with its exit "
         "code (124 on timeout).",
-        **shows_defaults,
+        formatter_class=defaults,
     )
     p.add_argument("file", nargs="?", help="a Python file to run")
     p.add_argument("-c", dest="code", help="Python source to run")
@@ -139,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_run)
 
     p = sub.add_parser(
-        "doctor", help="report which sandbox backends work here, and why not", **shows_defaults
+        "doctor",
+        help="report which sandbox backends work here, and why not",
+        formatter_class=defaults,
     )
     p.add_argument("--image", help=image_help)
     p.set_defaults(func=_doctor)
