@@ -98,7 +98,10 @@ def test_bad_keys_fail_at_start_with_the_key_and_fix(capsys: pytest.CaptureFixtu
     [
         (["env=nosuchns/Nope-v0"], r"env='nosuchns/Nope-v0': Namespace nosuchns not found"),
         (["env=nosuchmodule:Env-v0"], r"env='nosuchmodule:Env-v0': cannot import module"),
-        (["env=calculator", "env.kwargs={bogus: 1}"], r"env\.kwargs: CalculatorEnv got an unknown option 'bogus'"),
+        (
+            ["env=calculator", "env.kwargs={bogus: 1}"],
+            r"env\.kwargs: CalculatorEnv got an unknown option 'bogus'",
+        ),
         (["output_dir=/proc/nope"], r"output_dir=/proc/nope: cannot write there"),
         (["trainer.rollout_workers=0"], r"trainer\.rollout_workers=0: must be at least 1"),
         (["trainer.learner_ranks=0"], r"trainer\.learner_ranks=0: must be at least 1"),
