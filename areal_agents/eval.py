@@ -247,8 +247,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The command line: ``key=value`` overrides of :class:`EvalConfig` (and ``--resume``).
 
     Returns the summary. Raises ``SystemExit(1)`` after writing it when no episode finished
-    or some episode failed (see :func:`exit_status`); a configuration error exits with 2
-    (from the command line) or is raised (when ``argv`` is given).
+    or some episode failed (see :func:`exit_status`); a configuration error exits with 2 and
+    another :class:`AgentsError` with 1 (from the command line), or is raised (when ``argv``
+    is given). ``--check`` validates and prints the configuration, starts nothing, returns {}.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
