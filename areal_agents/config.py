@@ -109,13 +109,25 @@ def _show(value: Any) -> str:
     return str(list(value)) if isinstance(value, tuple) else str(value)
 
 
-def writable_dir(path: str | os.PathLike[str], key: str) -> Path:
+def writable_dir(path: str | os.PathLike[str], key: str, *, create: bool = True) -> Path:
     """Create the directory ``path`` (with parents) and check that files can be written there.
 
     Raises :class:`ConfigError` naming ``key`` instead of an ``OSError`` from deep inside a
-    run (``output_dir=/proc/nope``, a read-only mount, a path through a file).
+    run (``output_dir=/proc/nope``, a read-only mount, a path through a file). With
+    ``create=False`` nothing is created: a missing ``path`` passes when its nearest existing
+    ancestor is a directory this process may write into (what ``--check`` uses).
     """
     out = Path(os.path.expanduser(os.fspath(path)))
+    if not create and not out.exists():
+        parent = out.absolute()
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{key}={os.fspath(path)}: cannot write there ({parent} is not a writable "
+                "directory); choose a writable directory"
+            )
+        return out
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):

@@ -120,16 +120,18 @@ def _make_policy(cfg: EvalPolicyConfig, base_url: str, model: str, temperature: 
     )
 
 
-def preflight(cfg: EvalConfig) -> str:
+def preflight(cfg: EvalConfig, *, create_dirs: bool = True) -> str:
     """Refuse what would fail once the run is under way; the Gymnasium id of ``cfg.env``.
 
     Builds the environment once with ``env_kwargs`` and checks that ``output_dir`` can be
-    written, raising :class:`ConfigError` with the key named (before any server starts).
+    written (created unless ``create_dirs=False``) and holds no earlier evaluation unless
+    ``resume`` or ``overwrite`` says what to do with it, raising :class:`ConfigError` with the
+    key named (before any server starts).
     """
     from areal_agents.preflight import check_env
 
     env_id = check_env(cfg.env, cfg.env_kwargs, name_key="env", kwargs_key="env_kwargs")
-    out = writable_dir(cfg.output_dir, "output_dir")
+    out = writable_dir(cfg.output_dir, "output_dir", create=create_dirs)
     earlier = [name for name in ("summary.json", "transcripts.jsonl") if (out / name).exists()]
     if earlier and not (cfg.resume or cfg.overwrite):
         raise ConfigError(
@@ -265,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
         cfg = load_config(EvalConfig, args)
         if check_only:
-            preflight(cfg)
+            preflight(cfg, create_dirs=False)
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
             print(f"configuration OK (nothing started); results would go to {cfg.output_dir}")
             return {}

@@ -25,14 +25,15 @@ if TYPE_CHECKING:
 __all__ = ["finished_run", "main", "preflight"]
 
 
-def preflight(cfg: TrainConfig) -> None:
+def preflight(cfg: TrainConfig, *, create_dirs: bool = True) -> None:
     """What would fail after start-up, refused now with the key named: the environment is
-    built once with its arguments, and the run directory must be writable."""
+    built once with its arguments, and the run directory must be writable (created unless
+    ``create_dirs=False``)."""
     from areal_agents.config import writable_dir
     from areal_agents.preflight import check_env
 
     check_env(cfg.env.name, cfg.env.make_kwargs(), name_key="env", kwargs_key="env.kwargs")
-    writable_dir(cfg.run_dir(), "output_dir")
+    writable_dir(cfg.run_dir(), "output_dir", create=create_dirs)
 
 
 def finished_run(cfg: TrainConfig) -> tuple[Path, int] | None:
@@ -88,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = [a for a in args if a != "--check"]
     try:
         cfg = load_config(TrainConfig, args)
-        preflight(cfg)
+        preflight(cfg, create_dirs=not check_only)
         done = finished_run(cfg)
     except AgentsError as e:
         print(f"error: {e}", file=sys.stderr)

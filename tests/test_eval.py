@@ -313,4 +313,4 @@ def test_check_validates_and_starts_nothing(tmp_path: Path, capsys: pytest.Captu
     out = tmp_path / "out"
     assert main(["--check", "policy.model=x", f"output_dir={out}"]) == {}
     assert "configuration OK" in capsys.readouterr().out
-    assert not (out / "config.yaml").exists()
+    assert not out.exists()  # nothing created

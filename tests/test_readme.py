@@ -297,6 +297,57 @@ def servers(outside: Path) -> Iterator[dict[Command, str]]:
             server.stop()
 
 
+@dataclass
+class Started:
+    """A command started ahead of its test (slow start-ups overlap); ``result`` waits for it."""
+
+    proc: subprocess.Popen[str]
+    args: list[str]
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        stdout, stderr = self.proc.communicate(timeout=RUN_S)
+        return subprocess.CompletedProcess(self.args, self.proc.returncode, stdout, stderr)
+
+
+def _planned(command: Command, base: Path) -> list[str] | None:
+    """The arguments a slow command is started with ahead of its test, or None."""
+    mode, _ = rule(command)
+    if mode == "check":
+        return [*argv_of(command), "--check"]
+    if mode == "run" and "areal_agents.train" in command.text and "--help" not in command.text:
+        return [*argv_of(command), *TINY_TRAIN, f"output_dir={base / 'run'}"]
+    return None
+
+
+@pytest.fixture(scope="module")
+def started(
+    servers: dict[Command, str], outside: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[Command, Started]]:
+    """The tiny training run and the ``--check`` commands, all started at once (each takes
+    seconds of imports, the training run a minute of start-up), once the servers are up."""
+    out: dict[Command, Started] = {}
+    try:
+        for command in SHELL_COMMANDS:
+            base = tmp_path_factory.mktemp("cmd")
+            args = _planned(command, base)
+            if args is not None:
+                proc = subprocess.Popen(
+                    args,
+                    cwd=cwd_for(command.text, outside),
+                    env=child_env(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                out[command] = Started(proc, args)
+        yield out
+    finally:
+        for job in out.values():
+            if job.proc.poll() is None:
+                job.proc.terminate()
+                job.proc.communicate(timeout=60)
+
+
 # ---- the tests ----------------------------------------------------------------------------
 
 
@@ -330,8 +381,9 @@ def test_override_blocks_are_valid_train_keys() -> None:
     "block", params(PYTHON_BLOCKS, lambda b: b.text, lambda b: f"{b.doc}:{b.line}")
 )
 def test_python_block_runs(
-    block: Block, servers: dict[Command, str], outside: Path, tmp_path: Path
+    block: Block, started: dict[Command, Started], outside: Path, tmp_path: Path
 ) -> None:
+    """(``started``: the slow commands start now, and run while the snippets do.)"""
     script = tmp_path / "snippet.py"
     script.write_text(localize(block.text))
     stdout = ok(run([sys.executable, str(script)], cwd_for(block.text, outside)), block.doc)
@@ -342,7 +394,11 @@ def test_python_block_runs(
 
 @pytest.mark.parametrize("command", params(SHELL_COMMANDS, lambda c: c.text, lambda c: c.id))
 def test_shell_command(
-    command: Command, servers: dict[Command, str], outside: Path, tmp_path: Path
+    command: Command,
+    servers: dict[Command, str],
+    started: dict[Command, Started],
+    outside: Path,
+    tmp_path: Path,
 ) -> None:
     mode, _ = rule(command)
     cwd = cwd_for(command.text, outside)
@@ -353,7 +409,7 @@ def test_shell_command(
     elif mode == "help":
         assert "usage" in ok(run([*argv, "--help"], cwd, timeout=60), command.id).lower()
     elif mode == "check":
-        assert "configuration OK" in ok(run([*argv, "--check"], cwd), command.id)
+        assert "configuration OK" in ok(started[command].result(), command.id)
     elif mode == "serve":
         if command in servers:  # started by the fixture, which waited for its ready line
             assert f"127.0.0.1:{PORTS[int(command.argv[-1])]}" in servers[command]
@@ -364,7 +420,7 @@ def test_shell_command(
         finally:
             assert server.stop() in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
     elif "areal_agents.train" in command.text and "--help" not in argv:
-        _train_twice(command, argv, cwd, tmp_path)
+        _train_twice(command, started[command], cwd)
     elif "areal_agents.eval" in command.text and "--help" not in argv:
         _eval_twice(command, argv, cwd, tmp_path)
     else:
@@ -383,11 +439,12 @@ def _check_output(command: Command, stdout: str) -> None:
         assert "backend='auto' picks" in stdout
 
 
-def _train_twice(command: Command, argv: list[str], cwd: Path, tmp_path: Path) -> None:
-    args = [*argv, *TINY_TRAIN, f"output_dir={tmp_path / 'run'}"]
-    first = ok(run(args, cwd), command.id)
-    assert f"results in {tmp_path / 'run'}" in first
-    assert (tmp_path / "run" / "report.html").is_file()
+def _train_twice(command: Command, first_run: Started, cwd: Path) -> None:
+    args = first_run.args
+    run_dir = args[-1].removeprefix("output_dir=")
+    first = ok(first_run.result(), command.id)
+    assert f"results in {run_dir}" in first
+    assert (Path(run_dir) / "report.html").is_file()
     again = ok(run(args, cwd), f"{command.id} (again)")
     assert "already complete" in again and "run directory:" not in again, again
 

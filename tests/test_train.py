@@ -298,4 +298,4 @@ def test_check_validates_and_starts_nothing(
     main([*TINY, f"output_dir={tmp_path / 'run'}", "--check"])
     out = capsys.readouterr().out
     assert "configuration OK (nothing started)" in out and "group_size: 2" in out
-    assert not ray.is_initialized() and not (tmp_path / "run" / "config.yaml").exists()
+    assert not ray.is_initialized() and not (tmp_path / "run").exists()  # nothing created
