@@ -25,7 +25,10 @@ negative number unless the section declares the key signed, and durations (keys 
 Root(steps=3, opt=Opt(lr=0.5, betas=(0.8, 0.9)))
 """
 
+import ast
 import dataclasses
+import inspect
+import itertools
 import math
 import os
 import tempfile
@@ -44,6 +47,7 @@ __all__ = [
     "apply_overrides",
     "check_numbers",
     "check_timeout",
+    "describe",
     "dump_yaml",
     "from_dict",
     "load_config",
@@ -105,13 +109,25 @@ def _show(value: Any) -> str:
     return str(list(value)) if isinstance(value, tuple) else str(value)
 
 
-def writable_dir(path: str | os.PathLike[str], key: str) -> Path:
+def writable_dir(path: str | os.PathLike[str], key: str, *, create: bool = True) -> Path:
     """Create the directory ``path`` (with parents) and check that files can be written there.
 
     Raises :class:`ConfigError` naming ``key`` instead of an ``OSError`` from deep inside a
-    run (``output_dir=/proc/nope``, a read-only mount, a path through a file).
+    run (``output_dir=/proc/nope``, a read-only mount, a path through a file). With
+    ``create=False`` nothing is created: a missing ``path`` passes when its nearest existing
+    ancestor is a directory this process may write into (what ``--check`` uses).
     """
     out = Path(os.path.expanduser(os.fspath(path)))
+    if not create and not out.exists():
+        parent = out.absolute()
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{key}={os.fspath(path)}: cannot write there ({parent} is not a writable "
+                "directory); choose a writable directory"
+            )
+        return out
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
@@ -362,3 +378,38 @@ def check_timeout(key: str, value: Any) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise ConfigError(f"{key}={value!r}: must be a positive number of seconds")
     return float(value)
+
+
+def describe(default: Any, prefix: str = "") -> list[str]:
+    """What ``--help`` lists: one line per key of the config ``default``, ``key=default  # doc``.
+
+    Docs are the string literal under each field in the class's source (CleanRL's ``Args``
+    style); a nested config is a header line followed by its own keys.
+
+    >>> from areal_agents.eval_config import EvalPolicyConfig
+    >>> print(describe(EvalPolicyConfig())[2])
+      api_key=''  # Empty reads ``AREAL_API_KEY`` / ``OPENAI_API_KEY`` from the environment.
+    """
+    cls = type(default)
+    docs: dict[str, str] = {}
+    try:
+        tree = ast.parse(inspect.getsource(cls).strip())
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, after in itertools.pairwise(body):
+            named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            if named and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(after.value.value).split())
+    except (OSError, TypeError, IndexError, SyntaxError):
+        pass
+    hints = typing.get_type_hints(cls)
+    lines: list[str] = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        doc = docs.get(f.name, "")
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{key}=...  # {doc}".rstrip(" #"))
+            lines.extend(describe(getattr(default, f.name), key + "."))
+        else:
+            lines.append(f"  {key}={getattr(default, f.name)!r}  # {doc}".rstrip(" #"))
+    return lines

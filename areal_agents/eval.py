@@ -10,7 +10,12 @@
 ``output_dir``: ``transcripts.jsonl`` (one line per finished episode, appended as they finish),
 ``summary.json`` (mean reward, unbiased pass@k, tool-call error rates, turns and tokens per
 episode, dropped episodes), ``config.yaml`` and ``index.html`` (a static transcript viewer).
-``--resume`` (or ``resume=true``) keeps the finished episodes and plays only the rest.
+``--resume`` (or ``resume=true``) keeps the finished episodes and plays only the rest; an
+``output_dir`` that already holds an evaluation is refused unless ``--resume`` or
+``overwrite=true`` is given. ``--check`` validates the command and prints the resolved
+configuration without starting anything. ``policy.temperature`` unset means greedy (0.0) for
+``samples_per_task=1`` and 1.0 for pass@k with ``samples_per_task > 1``; the sampling settings
+used are in ``summary.json`` (``sampling``).
 
 Episodes that hit an infrastructure fault (an endpoint that times out, fails or answers
 malformed replies, after the client's bounded retries) are dropped and counted, never scored
@@ -38,7 +43,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from areal_agents.config import dump_yaml, load_config, to_dict, writable_dir
+import yaml
+
+from areal_agents.config import describe, dump_yaml, load_config, to_dict, writable_dir
 from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
 from areal_agents.eval_config import EvalConfig, EvalPolicyConfig
 from areal_agents.eval_summary import exit_status, failure_line, pass_at_k, summarize
@@ -95,14 +102,14 @@ def _check_resumable(cfg: EvalConfig, out: Path) -> None:
         raise ConfigError(f"--resume: policy.model differs from the run in {out}")
 
 
-def _make_policy(cfg: EvalPolicyConfig, base_url: str, model: str) -> Policy:
+def _make_policy(cfg: EvalPolicyConfig, base_url: str, model: str, temperature: float) -> Policy:
     from areal_agents.policies.chat_client import ChatPolicy
 
     return ChatPolicy(
         base_url,
         model,
         api_key=cfg.api_key or None,
-        temperature=cfg.temperature,
+        temperature=temperature,
         top_p=cfg.top_p,
         max_tokens=cfg.max_tokens,
         tool_choice=cfg.tool_choice or None,
@@ -113,16 +120,25 @@ def _make_policy(cfg: EvalPolicyConfig, base_url: str, model: str) -> Policy:
     )
 
 
-def preflight(cfg: EvalConfig) -> str:
+def preflight(cfg: EvalConfig, *, create_dirs: bool = True) -> str:
     """Refuse what would fail once the run is under way; the Gymnasium id of ``cfg.env``.
 
     Builds the environment once with ``env_kwargs`` and checks that ``output_dir`` can be
-    written, raising :class:`ConfigError` with the key named (before any server starts).
+    written (created unless ``create_dirs=False``) and holds no earlier evaluation unless
+    ``resume`` or ``overwrite`` says what to do with it, raising :class:`ConfigError` with the
+    key named (before any server starts).
     """
     from areal_agents.preflight import check_env
 
     env_id = check_env(cfg.env, cfg.env_kwargs, name_key="env", kwargs_key="env_kwargs")
-    writable_dir(cfg.output_dir, "output_dir")
+    out = writable_dir(cfg.output_dir, "output_dir", create=create_dirs)
+    earlier = [name for name in ("summary.json", "transcripts.jsonl") if (out / name).exists()]
+    if earlier and not (cfg.resume or cfg.overwrite):
+        raise ConfigError(
+            f"output_dir={cfg.output_dir} already holds an evaluation ({', '.join(earlier)}): "
+            "add --resume to finish it, overwrite=true to replace it, or choose another "
+            "output_dir"
+        )
     return env_id
 
 
@@ -233,23 +249,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The command line: ``key=value`` overrides of :class:`EvalConfig` (and ``--resume``).
 
     Returns the summary. Raises ``SystemExit(1)`` after writing it when no episode finished
-    or some episode failed (see :func:`exit_status`); a configuration error exits with 2
-    (from the command line) or is raised (when ``argv`` is given).
+    or some episode failed (see :func:`exit_status`); a configuration error exits with 2 and
+    another :class:`AgentsError` with 1 (from the command line), or is raised (when ``argv``
+    is given). ``--check`` validates and prints the configuration, starts nothing, returns {}.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
+        print("  config=FILE.yaml  # a YAML mapping of keys, loaded before the key=value overrides")
+        print("  --resume  # same as resume=true")
+        print("  --check  # validate and print the resolved configuration; start nothing")
+        print("\n".join(describe(EvalConfig())))
         return {}
-    args = ["resume=true" if a == "--resume" else a for a in args]
+    check_only = "--check" in args
+    args = ["resume=true" if a == "--resume" else a for a in args if a != "--check"]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(EvalConfig, args)
+        if check_only:
+            preflight(cfg, create_dirs=False)
+            print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+            print(f"configuration OK (nothing started); results would go to {cfg.output_dir}")
+            return {}
         summary = _run(cfg)
     except AgentsError as e:
         if argv is not None:
             raise
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(2 if isinstance(e, ConfigError) else 1) from None
     status = exit_status(summary)
     if status:
         print(f"error: {failure_line(summary)}", file=sys.stderr)
@@ -305,7 +332,7 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
                 )
                 servers[0].start().wait_ready(timeout=300)
                 base_url, model = servers[0].base_url, servers[0].served_model_name
-            policy = _make_policy(cfg.policy, base_url, model)
+            policy = _make_policy(cfg.policy, base_url, model, cfg.temperature)
             summary = asyncio.run(run_eval(cfg, policy, env_id=env_id))
         finally:
             for server in servers:
@@ -313,7 +340,11 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
     hidden = ("dropped", "failed", "tool_error_rates")
     shown = {k: v for k, v in summary.items() if k not in hidden}
     print(json.dumps(shown, indent=2))
-    print(f"transcripts, summary and viewer in {cfg.output_dir}")
+    out = Path(cfg.output_dir).resolve()
+    print(
+        f"results in {out}: summary.json, transcripts.jsonl (one line per episode), "
+        f"index.html (open it in a browser), config.yaml"
+    )
     return summary
 
 

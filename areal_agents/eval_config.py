@@ -25,10 +25,15 @@ class EvalPolicyConfig:
     """The served model name (or, for the built-in server, a model directory)."""
     api_key: str = ""
     """Empty reads ``AREAL_API_KEY`` / ``OPENAI_API_KEY`` from the environment."""
-    temperature: float = 0.0
+    temperature: float | None = None
+    """Sampling temperature. Unset: 0.0 (greedy) with ``samples_per_task=1``, else 1.0 (pass@k
+    needs distinct samples; greedy ones with ``samples_per_task > 1`` are refused)."""
     top_p: float = 1.0
+    """Nucleus sampling: the smallest set of tokens whose probability reaches ``top_p``."""
     max_tokens: int = 512
+    """New tokens per assistant turn (a longer reply is cut, ``finish_reason=length``)."""
     tool_choice: str = "auto"
+    """Sent as the request's ``tool_choice`` (empty: not sent)."""
     timeout_s: float = 120.0
     """Seconds per request in all (connect, headers and the whole body)."""
     max_retries: int = 4
@@ -70,9 +75,15 @@ class EvalConfig:
     pass_threshold: float = 1.0
     """An episode passes when its reward is at least this."""
     output_dir: str = "outputs/eval"
+    """Where ``summary.json``, ``transcripts.jsonl``, ``config.yaml`` and ``index.html`` go
+    (relative to the current directory)."""
     resume: bool = False
-    """Keep finished episodes from ``output_dir`` and play only the missing ones."""
+    """Keep finished episodes from ``output_dir`` and play only the missing ones (``--resume``)."""
+    overwrite: bool = False
+    """Replace an earlier evaluation in ``output_dir`` (without it, or ``resume``, a directory
+    that holds one is refused)."""
     progress: bool = True
+    """Show a progress bar."""
 
     def __post_init__(self) -> None:
         check_numbers(self, signed={"pass_threshold"})
@@ -85,6 +96,22 @@ class EvalConfig:
             )
         if self.concurrency < 1:
             raise ConfigError(f"concurrency={self.concurrency}: must be at least 1")
+        if self.resume and self.overwrite:
+            raise ConfigError("resume=true and overwrite=true: choose one")
+        if self.policy.temperature == 0 and self.samples_per_task > 1:
+            raise ConfigError(
+                f"policy.temperature=0 with samples_per_task={self.samples_per_task}: greedy "
+                "samples of a task are identical, so pass@k would just repeat pass@1; set a "
+                "positive policy.temperature (unset gives 1.0) or samples_per_task=1"
+            )
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature used: ``policy.temperature``, or its default when unset
+        (0.0 for ``samples_per_task=1``, 1.0 for pass@k over several samples)."""
+        if self.policy.temperature is not None:
+            return self.policy.temperature
+        return 0.0 if self.samples_per_task == 1 else 1.0
 
     @property
     def num_tasks(self) -> int:

@@ -71,6 +71,12 @@ def summarize(
         "episodes_dropped": dropped,
         "tasks": len(by_task),
         "samples_per_task": cfg.samples_per_task,
+        "sampling": {
+            "temperature": cfg.temperature,
+            "top_p": cfg.policy.top_p,
+            "max_tokens": cfg.policy.max_tokens,
+            "samples_per_task": cfg.samples_per_task,
+        },
         "mean_reward": mean("reward"),
         **passes,
         "pass_threshold": cfg.pass_threshold,

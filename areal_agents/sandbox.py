@@ -25,7 +25,13 @@ __all__ = ["main"]
 
 
 def _build(args: argparse.Namespace) -> int:
+    import logging
+
     from areal_agents.sandboxes.image import build_image
+
+    # the image module says whether the image a rebuild replaced was removed or kept
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("areal_agents.sandboxes.image").setLevel(logging.INFO)
 
     start = time.monotonic()
     name, built = build_image(args.image, method=args.method, if_missing=args.if_missing)
@@ -90,23 +96,54 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="areal-sandbox", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("build", help="build the sandbox image (offline by default)")
-    p.add_argument("--image", help="image name (default: $AREAL_SANDBOX_IMAGE or the built-in)")
-    p.add_argument("--method", choices=["host", "dockerfile"], default="host")
+    image_help = "image name; None: $AREAL_SANDBOX_IMAGE, else areal-agents-sandbox:latest"
+    defaults = argparse.ArgumentDefaultsHelpFormatter
+    p = sub.add_parser(
+        "build",
+        help="build the sandbox image (offline by default)",
+        description="Build the sandbox image; a rebuild removes the image it replaced unless a "
+        "container still uses it.",
+        formatter_class=defaults,
+    )
+    p.add_argument("--image", help=image_help)
+    p.add_argument(
+        "--method",
+        choices=["host", "dockerfile"],
+        default="host",
+        help="host: from this machine's own packages, offline; dockerfile: docker build (pulls "
+        "a base image)",
+    )
     p.add_argument("--if-missing", action="store_true", help="do nothing if the image exists")
     p.set_defaults(func=_build)
 
-    p = sub.add_parser("run", help="run a Python snippet or file in a sandbox")
+    p = sub.add_parser(
+        "run",
+        help="run a Python snippet or file in a sandbox",
+        description="Run Python code in a sandbox; prints its output and exits with its exit "
+        "code (124 on timeout).",
+        formatter_class=defaults,
+    )
     p.add_argument("file", nargs="?", help="a Python file to run")
     p.add_argument("-c", dest="code", help="Python source to run")
-    p.add_argument("--backend", default="auto", choices=["auto", "docker", "bubblewrap", "process"])
-    p.add_argument("--timeout", type=float, default=10.0)
-    p.add_argument("--memory-mb", type=int, default=0)
-    p.add_argument("--image")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "docker", "bubblewrap", "process"],
+        help="auto picks docker, then bubblewrap, then a plain process (not isolation)",
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds before the run is killed")
+    p.add_argument(
+        "--memory-mb", type=int, default=0, help="memory limit in MiB (0: the backend's default)"
+    )
+    p.add_argument("--image", help=image_help)
     p.set_defaults(func=_run)
 
-    p = sub.add_parser("doctor", help="report which sandbox backends work here, and why not")
-    p.add_argument("--image")
+    p = sub.add_parser(
+        "doctor",
+        help="report which sandbox backends work here, and why not",
+        formatter_class=defaults,
+    )
+    p.add_argument("--image", help=image_help)
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser("cleanup", help="remove sandbox containers left by dead processes")

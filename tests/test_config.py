@@ -142,3 +142,14 @@ def test_writable_dir_names_the_key_instead_of_raising_oserror(tmp_path: Path) -
     for bad in ("/proc/nope", str(tmp_path / "file" / "sub")):
         with pytest.raises(ConfigError, match=rf"output_dir={bad}: cannot write there"):
             writable_dir(bad, "output_dir")
+
+
+def test_writable_dir_without_create_checks_the_nearest_parent_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "a" / "b"
+    assert writable_dir(target, "output_dir", create=False) == target
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is not a writable directory"):
+        writable_dir(tmp_path / "file" / "sub", "output_dir", create=False)

@@ -226,6 +226,8 @@ BAD_SETTINGS = [
     (["policy.temperature=nan"], r"policy\.temperature=nan: must be a finite number"),
     (["policy.top_p=0"], r"policy\.top_p=0\.0"),
     (["pass_threshold=nan"], r"pass_threshold=nan"),
+    (["samples_per_task=4", "policy.temperature=0"], r"policy\.temperature=0 with samples_per"),
+    (["--resume", "overwrite=true"], r"resume=true and overwrite=true: choose one"),
 ]
 
 
@@ -264,3 +266,51 @@ def test_the_command_line_refuses_an_unknown_namespace_without_a_traceback() -> 
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: env='acme/Nope-v0'") and "Traceback" not in proc.stderr
+
+
+def test_an_output_dir_holding_an_evaluation_is_refused_unless_resume_or_overwrite(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    first = main(_args(fake, tmp_path, "num_episodes=2"))
+    assert first["episodes"] == 2
+    before = (tmp_path / "transcripts.jsonl").read_text()
+    with pytest.raises(ConfigError, match=r"already holds an evaluation .*--resume.*overwrite"):
+        main(_args(fake, tmp_path, "num_episodes=2"))
+    assert (tmp_path / "transcripts.jsonl").read_text() == before  # nothing was touched
+    fake.requests.clear()
+    again = main(_args(fake, tmp_path, "num_episodes=2", "overwrite=true"))
+    assert again["episodes"] == 2 and len(fake.requests) == 2 * 3  # played again, replaced
+
+
+@pytest.mark.parametrize(
+    ("extra", "temperature"),
+    [
+        (["samples_per_task=1"], 0.0),  # one sample: greedy
+        (["samples_per_task=2"], 1.0),  # pass@k: sampled, as evaluation harnesses do
+        (["samples_per_task=2", "policy.temperature=0.6"], 0.6),  # the user's choice stands
+    ],
+)
+def test_pass_at_k_samples_with_a_temperature_and_the_summary_says_so(
+    extra: list[str], temperature: float, fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    summary = main(_args(fake, tmp_path, "num_episodes=2", "policy.max_tokens=64", *extra))
+    assert {r["temperature"] for r in fake.requests} == {temperature}
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    samples = int(extra[0].removeprefix("samples_per_task="))
+    settings = {"temperature": temperature, "top_p": 1.0, "max_tokens": 64}
+    assert saved["sampling"] == summary["sampling"] == {**settings, "samples_per_task": samples}
+
+
+def test_help_lists_every_key_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--help"])
+    out = capsys.readouterr().out
+    expected = ("policy.max_tokens=512", "policy.temperature=None", "output_dir='outputs/eval'")
+    for line in (*expected, "config=FILE.yaml", "--resume", "--check"):
+        assert line in out
+
+
+def test_check_validates_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "out"
+    assert main(["--check", "policy.model=x", f"output_dir={out}"]) == {}
+    assert "configuration OK" in capsys.readouterr().out
+    assert not out.exists()  # nothing created

@@ -229,3 +229,73 @@ def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     trained = [i for _, ids in resumed for i in ids]
     assert len(trained) == len(set(trained)), "a trajectory was trained twice"
     assert json.loads((killed / "summary.json").read_text())["final_version"] == steps
+
+
+def _finished_run_dir(run_dir: Path, step: int, elapsed_s: float = 10.0) -> None:
+    """A run directory as training leaves it (config and a committed checkpoint)."""
+    from areal_agents.config import dump_yaml, load_config
+    from areal_agents.trainers.config import TrainConfig
+
+    dump_yaml(load_config(TrainConfig, [*TINY, f"output_dir={run_dir}"]), run_dir / "config.yaml")
+    ckpt = run_dir / "checkpoints" / f"step_{step:06d}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer.json").write_text(json.dumps({"elapsed_s": elapsed_s}))
+
+
+@pytest.mark.parametrize(
+    ("extra", "complete"),
+    [
+        (["trainer.total_steps=2"], True),
+        (["trainer.total_steps=3"], False),  # more steps asked for: training continues
+        (["trainer.total_steps=3", "trainer.time_budget_s=5"], True),  # budget spent
+        (["trainer.total_steps=3", "trainer.time_budget_s=60"], False),
+    ],
+)
+def test_a_finished_run_says_so_and_exits_without_starting_anything(
+    extra: list[str],
+    complete: bool,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+
+    from areal_agents.train import finished_run
+    from areal_agents.trainers import loop
+
+    _finished_run_dir(tmp_path, step=2)
+
+    def no_training(cfg: object) -> None:
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(loop, "train", no_training)
+    args = [*TINY, f"output_dir={tmp_path}", *extra]
+    if complete:
+        main(args)
+        out = capsys.readouterr().out
+        assert f"run in {tmp_path} is already complete (step 2" in out and "nothing to do" in out
+        assert not ray.is_initialized()
+    else:
+        from areal_agents.config import load_config
+        from areal_agents.trainers.config import TrainConfig
+
+        assert finished_run(load_config(TrainConfig, args)) is None
+        with pytest.raises(AssertionError, match="training started"):
+            main(args)
+
+
+def test_help_names_config_files_and_check(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert "config=FILE.yaml" in out and "--check" in out and "trainer.total_steps=" in out
+
+
+def test_check_validates_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray
+
+    main([*TINY, f"output_dir={tmp_path / 'run'}", "--check"])
+    out = capsys.readouterr().out
+    assert "configuration OK (nothing started)" in out and "group_size: 2" in out
+    assert not ray.is_initialized() and not (tmp_path / "run").exists()  # nothing created

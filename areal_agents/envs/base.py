@@ -163,7 +163,7 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         self._done = True
         self._errors: Counter[str] = Counter()
         self._calls = 0
-        tool_names = [t.spec.name for t in self.make_tools(None)]
+        tool_names = [t.spec.name for t in self._checked_tools(None)]
         if final_tool is not None and tool_names and final_tool not in tool_names:
             raise ConfigError(
                 f"final_tool={final_tool!r}{did_you_mean(final_tool, tool_names)}: "
@@ -186,6 +186,29 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
     def make_tools(self, task: Task | None) -> Sequence[Tool]:
         """The tools for ``task`` (``None`` asks for the tool set used to build the spaces)."""
         return ()
+
+    def _checked_tools(self, task: Task | None) -> list[Tool]:
+        """``make_tools(task)`` as a list, or a ConfigError naming the method and what it gave."""
+        tools = self.make_tools(task)
+        where = f"{type(self).__name__}.make_tools({'None' if task is None else 'task'})"
+        if tools is None or isinstance(tools, str | bytes | Mapping):
+            raise ConfigError(
+                f"{where} returned {type(tools).__name__}: it must return a list of Tool objects "
+                "(an empty list for none)"
+            )
+        try:
+            tools = list(tools)
+        except TypeError:
+            raise ConfigError(
+                f"{where} returned {type(tools).__name__}, not a list of Tool objects"
+            ) from None
+        for tool in tools:
+            if not isinstance(getattr(getattr(tool, "spec", None), "name", None), str):
+                raise ConfigError(
+                    f"{where} returned {tool!r:.80}, which is not a Tool (an object with "
+                    ".spec.name and .call; see areal_agents.tools.FunctionTool)"
+                )
+        return tools
 
     def score(self, task: Task, submission: str, turn: Turn) -> Score:
         """Reward the final answer. ``submission`` is the answer text (or final tool's argument)."""
@@ -235,7 +258,7 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         else:
             task = self.sample_task(self.np_random)
         self.task = task
-        self._tools = {t.spec.name: t for t in self.make_tools(task)}
+        self._tools = {t.spec.name: t for t in self._checked_tools(task)}
         self._turns = 0
         self._calls = 0
         self._errors = Counter()

@@ -16,6 +16,7 @@ No code path here pulls an image implicitly.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import shutil
@@ -35,6 +36,8 @@ __all__ = [
     "default_image",
     "host_packages",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "areal-agents-sandbox:latest"
 DOCKERFILE = Path(__file__).with_name("Dockerfile")
@@ -217,6 +220,7 @@ def build_image(
     client = client or docker.from_env(timeout=120)
     if if_missing and _image_exists(client, name):
         return name, False
+    previous = _image_id(client, name)
     repo, _, tag = name.rpartition(":") if ":" in name.split("/")[-1] else (name, "", "latest")
     if method == "host":
         with tempfile.TemporaryDirectory(prefix="areal-image-") as tmp:
@@ -236,6 +240,40 @@ def build_image(
             raise SandboxUnavailableError(f"docker build failed (exit {proc.returncode})")
     else:
         raise ConfigError(f"unknown image build method {method!r}: choose host or dockerfile")
-    if not _image_exists(client, name):
+    current = _image_id(client, name)
+    if current is None:
         raise SandboxUnavailableError(f"building {name} reported success but no image exists")
+    if previous is not None and previous != current:
+        _remove_replaced(client, previous, name)
     return name, True
+
+
+def _image_id(client: Any, name: str) -> str | None:
+    import docker.errors
+
+    try:
+        return str(client.images.get(name).id)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _remove_replaced(client: Any, image_id: str, name: str) -> bool:
+    """Remove the image a rebuild of ``name`` replaced, unless a container (in any state) or
+    another tag still uses it; True when it was removed."""
+    import docker.errors
+
+    try:
+        image = client.images.get(image_id)
+        if image.tags:  # still tagged (another name): not ours to remove
+            return False
+        if client.containers.list(all=True, filters={"ancestor": image_id}):
+            logger.info("previous %s image %s is still used by a container: kept", name, image_id)
+            return False
+        client.images.remove(image_id, noprune=False)
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as e:  # in use after all (a race): keep it
+        logger.info("previous %s image %s kept: %s", name, image_id, e)
+        return False
+    logger.info("removed the previous %s image %s", name, image_id)
+    return True

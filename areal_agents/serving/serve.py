@@ -2,6 +2,7 @@
 
 Serves a transformers causal LM (the offline default SmolLM2-135M-Instruct unless ``--model``
 names another local HF directory) on CPU or GPU, bound to 127.0.0.1 unless told otherwise.
+When it listens it prints ``serving NAME at http://HOST:PORT/v1 (ready; ...)`` to stdout.
 
 Shutdown is prompt: on SIGTERM or SIGINT the engine is closed at once (the running batch ends
 at its next decoding step with ``finish_reason="abort"``, queued requests fail), uvicorn gets
@@ -70,12 +71,24 @@ def _exit_after(seconds: float, code: int) -> None:
     threading.Thread(target=fire, name="areal-exit-deadline", daemon=True).start()
 
 
-def _server(config: uvicorn.Config, engine: Engine, grace_s: float) -> uvicorn.Server:
-    """A uvicorn server whose exit signals also close ``engine`` and arm a hard deadline."""
+def _server(
+    config: uvicorn.Config, engine: Engine, grace_s: float, ready_line: str = ""
+) -> uvicorn.Server:
+    """A uvicorn server whose exit signals also close ``engine`` and arm a hard deadline.
+
+    Once it listens, ``ready_line`` (when given) is printed to stdout, flushed.
+    """
+    import socket
+
     import uvicorn
 
     class Server(uvicorn.Server):
         closing = False
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and ready_line:
+                print(ready_line, flush=True)
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             super().handle_exit(sig, frame)
@@ -92,7 +105,9 @@ def _server(config: uvicorn.Config, engine: Engine, grace_s: float) -> uvicorn.S
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the command line and serve until interrupted."""
     parser = argparse.ArgumentParser(
-        prog="python -m areal_agents.serving.serve", description=__doc__
+        prog="python -m areal_agents.serving.serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", default="default", help="local HF model directory, or 'default'")
     parser.add_argument("--served-model-name", default=None, help="name clients send as `model`")
@@ -144,8 +159,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=args.log_level,
         timeout_graceful_shutdown=max(1, round(args.shutdown_grace_s)),
     )
+    url = f"http://{args.host}:{args.port}/v1"
+    ready = f"serving {name} at {url} (ready; OpenAI-compatible: {url}/chat/completions)"
     try:
-        _server(config, engine, args.shutdown_grace_s).run()
+        _server(config, engine, args.shutdown_grace_s, ready).run()
     finally:
         engine.close()
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -87,14 +87,28 @@ class AdvantageKnobs(Protocol):
 # --- groups ----------------------------------------------------------------------------------
 
 
-def group_index(group_ids: Sequence[str], device: torch.device | None = None) -> Tensor:
+def group_index(group_ids: Sequence[Any] | Tensor, device: torch.device | None = None) -> Tensor:
     """Integer group index per sample, numbered in order of first appearance.
+
+    ``group_ids`` holds one hashable id per sample (strings, integers), or is a 1-D tensor of
+    ids; tensor elements are compared by value (``tensor([0, 0, 1])`` is two groups), not by
+    identity as hashing them would.
 
     >>> group_index(["b", "a", "b"]).tolist()
     [0, 1, 0]
+    >>> group_index(torch.tensor([7, 7, 3])).tolist()
+    [0, 0, 1]
     """
-    seen: dict[str, int] = {}
-    idx = [seen.setdefault(g, len(seen)) for g in group_ids]
+    if isinstance(group_ids, Tensor):
+        if group_ids.dim() != 1:
+            raise ValueError(f"group_ids must be 1-D, got shape {tuple(group_ids.shape)}")
+        group_ids = group_ids.tolist()
+    seen: dict[Any, int] = {}
+    idx = []
+    for g in group_ids:
+        if isinstance(g, Tensor):  # a list of 0-d tensors: compare their values
+            g = g.item()
+        idx.append(seen.setdefault(g, len(seen)))
     return torch.tensor(idx, dtype=torch.long, device=device)
 
 
@@ -382,7 +396,7 @@ def compute_advantages(
     cfg: AdvantageKnobs,
     rewards: Tensor,
     mask: Tensor,
-    group_ids: Sequence[str],
+    group_ids: Sequence[Any] | Tensor,
     values: Tensor | None = None,
     *,
     behavior_logprobs: Tensor | None = None,
@@ -398,7 +412,7 @@ def compute_advantages(
     pass ``behavior_logprobs`` (the policy that sampled the tokens) and ``ref_logprobs``: the
     penalty ``-kl_coef * KL`` is added on every policy token. ``baseline`` is the trainer's
     :class:`RunningBaseline` for ``baseline=running``. ``group_ids`` is any sequence of ``B``
-    hashable labels (samples of one task share one).
+    hashable labels, or a ``[B]`` tensor of ids (samples of one task share one).
     """
     if mask.dim() != 2:
         raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
@@ -427,7 +441,7 @@ def compute_advantages(
         token_rewards=token_rewards,
         seq_rewards=seq_rewards,
         mask=maskf,
-        group_index=group_index(list(group_ids), device=mask.device),
+        group_index=group_index(group_ids, device=mask.device),
         values=None if values is None else values.detach().to(dtype),
         baseline=baseline,
     )

@@ -51,6 +51,7 @@ def eval_command(
         "samples_per_task=1",
         f"concurrency={concurrency}",
         f"output_dir={output_dir}",
+        "overwrite=true",  # a re-measurement replaces the earlier one (eval refuses otherwise)
         "progress=false",
     ]
 

@@ -56,6 +56,11 @@ def test_eval_command_uses_the_heldout_seeds() -> None:
     assert command[1:3] == ["-m", "areal_agents.eval"]
     assert f"seed={tasks.HELDOUT_SEED0}" in command and "num_episodes=32" in command
     assert "policy.model=some/model" in command
+    from areal_agents.config import load_config
+    from areal_agents.eval_config import EvalConfig
+
+    cfg = load_config(EvalConfig, command[3:])  # valid keys; re-measuring replaces the results
+    assert cfg.overwrite and cfg.temperature == 1.0 and cfg.samples_per_task == 1
 
 
 @pytest.mark.parametrize("key", ["env", "algo", "trainer", "inference"])

@@ -185,3 +185,45 @@ def test_tool_output_is_capped() -> None:
     env.reset(seed=0)
     obs, *_ = env.step(call("calculator", expression="99999999*99999999"))
     assert obs[0]["content"].startswith("99999") and "[truncated" in obs[0]["content"]
+
+
+class _ToolsReturn(MultiTurnEnv):
+    """An environment whose ``make_tools`` returns whatever the test sets."""
+
+    tools: object = None
+
+    def make_tools(self, task: Task | None) -> Sequence[Tool]:
+        return self.tools  # type: ignore[return-value]
+
+    def sample_task(self, rng: np.random.Generator) -> Task:
+        return Task(id="t", prompt="p", answer="a")
+
+    def score(self, task: Task, submission: str, turn: Turn) -> Score:
+        return Score(1.0)
+
+
+@pytest.mark.parametrize(
+    ("tools", "said"),
+    [(None, "returned NoneType"), (42, "returned int"), (["upper"], "'upper'")],
+)
+def test_make_tools_must_return_tools_and_the_error_names_the_method(
+    tools: object, said: str
+) -> None:
+    from areal_agents.errors import ConfigError
+
+    class Env(_ToolsReturn):
+        pass
+
+    Env.tools = tools
+    with pytest.raises(ConfigError, match=r"Env\.make_tools\(None\)") as info:
+        Env()
+    assert said in str(info.value)
+
+
+def test_make_tools_may_return_an_empty_list() -> None:
+    class Env(_ToolsReturn):
+        pass
+
+    Env.tools = []
+    obs, info = Env().reset(seed=0)
+    assert obs[-1]["content"] == "p" and info["tools"] == []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+
 import pytest
 
 from areal_agents.sandbox import main
@@ -36,3 +39,38 @@ def test_build_if_missing_keeps_the_existing_image(capsys: pytest.CaptureFixture
 def test_run_in_docker(capsys: pytest.CaptureFixture[str]):
     assert main(["run", "--backend", "docker", "-c", "import os; print(os.getuid())"]) == 0
     assert capsys.readouterr().out == "65534\n"
+
+
+def test_run_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 10.0)" in out and "(default: auto)" in out
+
+
+@pytest.mark.docker
+def test_a_rebuild_removes_the_image_it_replaced_unless_a_container_uses_it():
+    import docker
+
+    client = docker.from_env()
+    name = f"areal-rebuild-test:{uuid.uuid4().hex[:8]}"
+    first = None
+    try:
+        assert main(["build", "--image", name]) == 0
+        first = client.images.get(name).id
+        holder = client.containers.create(first, command=["true"])  # uses the first image
+        try:
+            assert main(["build", "--image", name]) == 0
+            second = client.images.get(name).id
+            assert second != first
+            assert client.images.get(first).id == first  # kept: a container still uses it
+        finally:
+            holder.remove(force=True)
+        assert main(["build", "--image", name]) == 0
+        assert client.images.get(name).id not in (first, second)
+        with pytest.raises(docker.errors.ImageNotFound):  # the one it replaced is gone
+            client.images.get(second)
+    finally:
+        for image_id in (name, first):
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(image_id, force=True)

@@ -287,3 +287,27 @@ def test_advantages_exactly_zero_off_mask_and_blind_to_values_there() -> None:
         if vals is not None:
             adv2, _ = compute_advantages(c, r, mask, "aabbcc", v2)
             torch.testing.assert_close(adv, adv2, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "group_ids",
+    [
+        [0, 0, 1, 1],
+        torch.tensor([0, 0, 1, 1]),
+        list(torch.tensor([0, 0, 1, 1])),  # 0-d tensors hash by identity: compared by value
+        ["a", "a", "b", "b"],
+    ],
+    ids=["ints", "tensor", "list-of-0d-tensors", "strings"],
+)
+def test_group_ids_may_be_a_tensor_and_are_compared_by_value(group_ids: object) -> None:
+    cfg = AlgoConfig.from_name("grpo")
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    adv, _ = compute_advantages(cfg, rewards, torch.ones(4, 2), group_ids)  # type: ignore[arg-type]
+    # task 0: rewards 1 and 0 -> +-1/sqrt(2) (unbiased std); task 1: both 1 -> 0
+    assert adv[:, 0].tolist() == pytest.approx([2**-0.5, -(2**-0.5), 0.0, 0.0], abs=1e-4)
+
+
+def test_group_ids_of_another_shape_are_refused() -> None:
+    cfg = AlgoConfig.from_name("grpo")
+    with pytest.raises(ValueError, match="1-D"):
+        compute_advantages(cfg, torch.ones(4), torch.ones(4, 2), torch.zeros(4, 2))
