@@ -117,6 +117,7 @@ def _make_policy(cfg: EvalPolicyConfig, base_url: str, model: str, temperature: 
         max_retries=cfg.max_retries,
         backoff_s=cfg.backoff_s,
         max_response_bytes=int(cfg.max_response_mb * 2**20),
+        keep_reasoning=cfg.keep_reasoning,
     )
 
 

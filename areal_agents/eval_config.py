@@ -42,6 +42,10 @@ class EvalPolicyConfig:
     """First retry delay (doubling, with jitter, capped at 30 s)."""
     max_response_mb: float = 32.0
     """Largest reply body read; a larger one counts as a malformed reply."""
+    keep_reasoning: bool = False
+    """Send earlier turns' reasoning (``reasoning_content``, ``<think>`` spans) back to the
+    endpoint as a ``<think>`` block; false leaves it out of the context (it stays in the
+    transcripts either way)."""
 
     def __post_init__(self) -> None:
         check_numbers(self, "policy", zero_ok={"backoff_s"})

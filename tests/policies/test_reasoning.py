@@ -121,3 +121,18 @@ def test_the_token_path_renders_the_same_with_or_without_reasoning(model_dir: Pa
     with_reasoning = [plain[0], Message("assistant", "Hello.", reasoning_content="greet"), plain[2]]
     assert render_prompt_ids(tok, with_reasoning) == render_prompt_ids(tok, plain)
     assert Message.from_openai(with_reasoning[1].to_openai()) == with_reasoning[1]
+
+
+def test_eval_key_policy_keep_reasoning_reaches_the_client(fake: FakeOpenAI) -> None:
+    from areal_agents.config import load_config
+    from areal_agents.eval import _make_policy
+    from areal_agents.eval_config import EvalConfig
+
+    inline = Message("assistant", "<think>\nshort\n</think>\n\nA dog.")
+    convo = [Message.user("What is a puppy?"), inline, Message.user("And a kitten?")]
+    for value in ("false", "true"):
+        cfg = load_config(EvalConfig, [f"policy.keep_reasoning={value}"])
+        policy = _make_policy(cfg.policy, fake.base_url, "scripted", 0.0)
+        asyncio.run(policy.act(convo, []))
+    dropped, kept = (r["messages"][1]["content"] for r in fake.requests[-2:])
+    assert dropped == "A dog." and kept == inline.content
