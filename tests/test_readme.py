@@ -388,9 +388,14 @@ def test_override_blocks_are_valid_train_keys() -> None:
     "block", params(PYTHON_BLOCKS, lambda b: b.text, lambda b: f"{b.doc}:{b.line}")
 )
 def test_python_block_runs(
-    block: Block, started: dict[Command, Started], outside: Path, tmp_path: Path
+    block: Block,
+    servers: dict[Command, str],
+    started: dict[Command, Started],
+    outside: Path,
+    tmp_path: Path,
 ) -> None:
-    """(``started``: the slow commands start now, and run while the snippets do.)"""
+    """(``started``: the slow commands start now, and run while the snippets do; ``servers``:
+    a snippet may talk to the docs' model or environment server, as the docs say to start.)"""
     script = tmp_path / "snippet.py"
     script.write_text(localize(block.text))
     stdout = ok(run([sys.executable, str(script)], cwd_for(block.text, outside)), block.doc)
