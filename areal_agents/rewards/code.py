@@ -25,15 +25,19 @@ from __future__ import annotations
 
 import ast
 import json
-import secrets
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal_agents.errors import RewardTimeout
+from areal_agents.rewards._judge import Call, JudgeSpec, Round, judge_round
+from areal_agents.rewards._wire import dumps
 from areal_agents.rewards.base import Reward, RewardResult
 from areal_agents.rewards.extract import extract_code_blocks
-from areal_agents.sandboxes import Sandbox, make_sandbox
+from areal_agents.rewards.isolation import GradingFailed, run_isolated
+from areal_agents.sandboxes import ExecResult, Sandbox, make_sandbox
 
 __all__ = [
     "TestReport",
@@ -44,7 +48,20 @@ __all__ = [
     "select_code",
 ]
 
-_HARNESS = (Path(__file__).with_name("_harness.py")).read_text()
+#: Most sandbox runs one grade may take (each answers a batch of calls; usually one is enough).
+MAX_RUNS = 8
+_JUDGE_MIN_S = 5.0
+_MARK = "@areal:"
+
+
+def _executor_source() -> str:
+    here = Path(__file__).parent
+    executor = (here / "_executor.py").read_text()
+    executor = executor.replace("from __future__ import annotations\n", "", 1)
+    return (here / "_wire.py").read_text() + "\n" + executor
+
+
+_EXECUTOR = _executor_source()
 
 
 @dataclass(frozen=True)
@@ -163,54 +180,172 @@ def run_unit_tests(
     case_timeout_s: float = 5.0,
     fail_fast: bool = False,
 ) -> TestReport:
-    """Run ``tests`` against ``code`` (already assembled) in ``sandbox``; infrastructure faults
-    raise :class:`~areal_agents.errors.SandboxError`. ``fail_fast`` stops at the first failing
-    case (the cases after it count as not passed)."""
-    nonce = "@@areal-" + secrets.token_hex(8) + "@@"
-    job = {
-        "nonce": nonce,
-        "case_timeout": case_timeout_s,
-        "solution": code,
-        "tests": tests.tests if isinstance(tests.tests, str) else list(tests.tests),
-        "entry_point": tests.entry_point,
-        "mode": tests.mode,
-        "fail_fast": fail_fast,
-    }
-    program = _HARNESS + f"\nmain(json.loads({json.dumps(json.dumps(job))}))\n"
-    result = sandbox.run_python(program, timeout=timeout_s)
-    events = []
-    for line in result.stdout.splitlines():
-        at = line.find(nonce)
-        if at >= 0:
-            try:
-                events.append(json.loads(line[at + len(nonce) :]))
-            except json.JSONDecodeError:
+    """Run ``tests`` against ``code`` (already assembled) in ``sandbox`` (see the module
+    docstring); infrastructure faults raise :class:`~areal_agents.errors.SandboxError`.
+    ``fail_fast`` stops at the first failing case (the cases after it count as not passed)."""
+    spec = JudgeSpec(
+        tests=tests.tests,
+        mode=tests.mode,
+        entry_point=tests.entry_point,
+        preamble=tests.preamble,
+        solution=code,
+        case_timeout_s=case_timeout_s,
+        fail_fast=fail_fast,
+    )
+    limits = getattr(sandbox, "limits", None)
+    budget = max(1024, int(getattr(limits, "max_output_bytes", 64 * 1024)) - 4096)
+    deadline = time.monotonic() + timeout_s
+    answers: dict[str, str] = {}
+    discovery, loaded, runs, stdout = True, False, 0, ""
+    while True:
+        judge_s = max(_JUDGE_MIN_S, deadline - time.monotonic())
+        try:
+            found = run_isolated(judge_round, spec, answers, discovery, timeout_s=judge_s)
+        except RewardTimeout:
+            if discovery:  # placeholders sent the tests into a loop: find calls one by one
+                discovery = False
                 continue
-    cases = [e for e in events if e.get("event") == "case"]
-    load = next((e for e in events if e.get("event") == "load_error"), None)
-    done = next((e for e in events if e.get("event") == "done"), None)
-    load_error = None
-    if load is not None:
-        load_error = str(load.get("error"))
-    elif done is None and not result.timed_out:
-        if result.oom_killed:
-            load_error = "the program ran out of memory"
+            return _unfinished(None, "the tests ran out of time on the host", timed_out=True)
+        except GradingFailed as e:
+            return _unfinished(None, f"the tests could not be run: {e}", load_error=str(e))
+        if found.decided and loaded:
+            return _report(found, stdout)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return _unfinished(found, "the test run timed out", timed_out=True)
+        if runs >= MAX_RUNS:
+            return _unfinished(found, f"the tests needed more than {MAX_RUNS} sandbox runs")
+        calls = () if found.decided else found.calls
+        result = sandbox.run_python(
+            _program(code, calls, tests.entry_point, case_timeout_s, budget), timeout=remaining
+        )
+        runs += 1
+        run = _read(result, calls)
+        if run.load_error is not None or run.load_timed_out:
+            return TestReport(
+                total=found.total,
+                passed=0,
+                case_timeouts=0,
+                run_timed_out=run.load_timed_out,
+                load_error=None if run.load_timed_out else run.load_error,
+                failures=(),
+                stdout=run.stdout,
+            )
+        loaded, stdout = True, run.stdout or stdout
+        if found.decided:
+            return _report(found, stdout)
+        if not run.answers:  # nothing answered: give up on these calls rather than loop
+            lost = dumps({"lost": "the sandbox run answered none of its calls"})
+            run.answers.update({call.key: lost for call in calls})
+        answers.update(run.answers)
+
+
+def _report(found: Round, stdout: str) -> TestReport:
+    load_error = found.setup_error
+    if load_error is None and found.crashed is not None:
+        load_error = f"the program ended the test run during a call: {found.crashed}"
+    return TestReport(
+        total=found.total,
+        passed=found.passed,
+        case_timeouts=found.case_timeouts,
+        run_timed_out=False,
+        load_error=load_error,
+        failures=found.failures,
+        stdout=stdout,
+    )
+
+
+def _unfinished(
+    found: Round | None, why: str, *, timed_out: bool = False, load_error: str | None = None
+) -> TestReport:
+    return TestReport(
+        total=found.total if found else 0,
+        passed=found.passed if found else 0,
+        case_timeouts=found.case_timeouts if found else 0,
+        run_timed_out=timed_out,
+        load_error=load_error,
+        failures=(*(found.failures if found else ()), why)[:5],
+        stdout="",
+    )
+
+
+def _program(
+    code: str, calls: Sequence[Call], entry_point: str | None, limit: float, budget: int
+) -> str:
+    job = {
+        "solution": code,
+        "entry_point": entry_point,
+        "calls": [[c.key, c.op, c.name, c.args, c.kwargs] for c in calls],
+        "case_timeout": limit,
+        "budget": budget,
+    }
+    return _EXECUTOR + f"\nmain(json.loads({json.dumps(dumps(job))}))\n"
+
+
+@dataclass
+class _Run:
+    answers: dict[str, str] = field(default_factory=dict)
+    load_error: str | None = None
+    load_timed_out: bool = False
+    stdout: str = ""
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _read(result: ExecResult, calls: Sequence[Call]) -> _Run:
+    """The executor's lines in ``result`` (only string work here: values stay encoded until a
+    judge round, in a killable process, decodes them). The first line for an id wins; lines
+    for ids not in this batch, and anything unreadable, are ignored."""
+    batch = {call.key for call in calls}
+    run = _Run()
+    load: Any = None
+    started: list[str] = []
+    ended = False
+    for line in result.stdout.split("\n"):
+        at = line.find(_MARK)
+        if at < 0:
+            continue
+        kind, _, rest = line[at + len(_MARK) :].partition(" ")
+        ident, _, payload = rest.partition(" ")
+        if kind == "L" and load is None:
+            load = _loads(payload)
+            load = load if isinstance(load, dict) else {"error": "unreadable load report"}
+        elif kind == "S" and ident in batch:
+            started.append(ident)
+        elif kind == "R" and ident in batch and ident not in run.answers:
+            if isinstance(_loads(payload), dict):
+                run.answers[ident] = payload
+        elif kind in ("D", "X"):
+            ended = True
+            text = _loads(payload) if kind == "D" else None
+            run.stdout = text[-500:] if isinstance(text, str) else run.stdout
+    if load is None:
+        if result.timed_out:
+            run.load_timed_out = True
+        elif result.oom_killed:
+            run.load_error = "the program ran out of memory"
         else:
             tail = (result.stderr or result.stdout)[-300:]
-            load_error = f"the test run ended early (exit code {result.exit_code}): {tail}"
-    plan = next((e for e in events if e.get("event") == "plan"), None)
-    total = max(len(cases), int((plan or {}).get("total", 0)))
-    failed = [f"case {e.get('index')}: {e.get('error')}" for e in cases if not e.get("ok")]
-    run_timed_out = result.timed_out or bool(load and load.get("timeout"))
-    return TestReport(
-        total=total,
-        passed=sum(1 for e in cases if e.get("ok")),
-        case_timeouts=sum(1 for e in cases if e.get("timeout")),
-        run_timed_out=run_timed_out,
-        load_error=None if run_timed_out and load is None else load_error,
-        failures=tuple(failed[:5]),
-        stdout=str((done or {}).get("stdout", ""))[-500:],
-    )
+            run.load_error = f"the test run ended early (exit code {result.exit_code}): {tail}"
+        return run
+    if "ok" not in load:
+        run.load_timed_out = load.get("timeout") is True
+        run.load_error = str(load.get("error"))[:500]
+        return run
+    in_flight = next((i for i in reversed(started) if i not in run.answers), None)
+    if in_flight is not None and not ended:
+        if result.timed_out:
+            run.answers[in_flight] = dumps({"timeout": True})
+        elif result.oom_killed:
+            run.answers[in_flight] = dumps({"crashed": "out of memory"})
+        else:
+            run.answers[in_flight] = dumps({"crashed": f"exit code {result.exit_code}"})
+    return run
 
 
 class UnitTestReward(Reward):
@@ -238,7 +373,7 @@ class UnitTestReward(Reward):
         backend: str = "auto",
         sandbox_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.acall_slack_s = 10.0
+        self.acall_slack_s = 15.0
         if mode not in ("all", "fraction"):
             raise ValueError(f"mode={mode!r}: choose 'all' or 'fraction'")
         self.mode = mode
@@ -250,7 +385,12 @@ class UnitTestReward(Reward):
         self.sandbox_options = dict(sandbox_options or {})
 
     def __call__(self, response: str, reference: Any) -> RewardResult:
-        tests = reference if isinstance(reference, UnitTests) else UnitTests.from_mapping(reference)
+        if isinstance(reference, UnitTests):
+            tests = reference
+        elif isinstance(reference, str):  # the test program itself
+            tests = UnitTests(tests=reference)
+        else:
+            tests = UnitTests.from_mapping(reference)
         code = select_code(response, tests.entry_point)
         if code is None:
             return RewardResult(0.0, "no_answer", {"error": "no Python code block found"})
