@@ -310,6 +310,29 @@ def _parse(source: str) -> ast.Module | None:
         return None
 
 
+class _Asserts(ast.NodeTransformer):
+    """``assert test, msg`` -> ``if not test: __areal_fail__(msg)``: the same check, except that
+    after a round's first unknown call (when nothing it finds counts) a failed assert lets the
+    test go on, so that the rest of its calls are found in the same round."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        self.generic_visit(node)
+        fail = ast.Call(
+            func=ast.Name(id="__areal_fail__", ctx=ast.Load()),
+            args=[node.msg or ast.Constant(value=None)],
+            keywords=[],
+        )
+        test = ast.UnaryOp(op=ast.Not(), operand=node.test)
+        return ast.copy_location(ast.If(test=test, body=[ast.Expr(value=fail)], orelse=[]), node)
+
+
+def _compile(tree: ast.Module | str, filename: str) -> Any:
+    if isinstance(tree, str):
+        tree = ast.parse(tree, filename)
+    tree = ast.fix_missing_locations(_Asserts().visit(tree))
+    return compile(tree, filename, "exec")
+
+
 def _split(source: str, function: str | None) -> list[tuple[bool, Any]] | None:
     """``[(is_case, code)]`` for the statements of ``source`` (or of its ``function``)."""
     tree = _parse(source)
@@ -329,7 +352,7 @@ def _split(source: str, function: str | None) -> list[tuple[bool, Any]] | None:
                     continue  # a docstring
             is_case = any(isinstance(node, ast.Assert) for node in ast.walk(stmt))
             module = ast.Module(body=[stmt], type_ignores=[])
-            pieces.append((is_case, compile(module, "<test>", "exec")))
+            pieces.append((is_case, _compile(module, "<test>")))
     except (SyntaxError, ValueError, RecursionError):
         return None
     return pieces
@@ -410,6 +433,11 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
             return "fail", _describe(e)
         return "ok", None
 
+    def fail(message: Any = None) -> None:
+        if not state.dirty:
+            raise AssertionError() if message is None else AssertionError(message)
+
+    namespace["__areal_fail__"] = fail
     preamble = _preamble(spec.preamble) if spec.preamble.strip() else None
     if preamble is not None:
         run(preamble)
@@ -442,14 +470,14 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
         pieces: list[tuple[bool, Any]] = []
         for i, case in enumerate(spec.tests):
             try:
-                pieces.append((True, compile(case, f"<test {i}>", "exec")))
+                pieces.append((True, _compile(case, f"<test {i}>")))
             except (SyntaxError, ValueError, RecursionError) as e:
                 pieces.append((True, f"test {i} does not compile: {e}"))
     else:
         source = str(spec.tests)
         if spec.mode == "check":
             try:
-                status, error = run(compile(source, "<tests>", "exec"))
+                status, error = run(_compile(source, "<tests>"))
             except (SyntaxError, ValueError, RecursionError) as e:
                 status, error = "fail", f"{type(e).__name__}: {e}"
             if status != "ok" and not state.dirty:
@@ -459,7 +487,7 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
         if split is None:  # cannot split: the whole check is one case
             call = "check(candidate)" if spec.mode == "check" else source
             try:
-                split = [(True, compile(call, "<test>", "exec"))]
+                split = [(True, _compile(call, "<test>"))]
             except (SyntaxError, ValueError, RecursionError) as e:
                 split = [(True, f"the tests do not compile: {e}")]
         pieces = split
