@@ -85,7 +85,7 @@ def main(job: dict[str, Any]) -> None:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     tail = _Tail()
-    sys.stdout = sys.stderr = tail  # type: ignore[assignment]
+    sys.stdout = sys.stderr = tail
     sys.stdin = io.StringIO("")
     budget = int(job["budget"])
     used = [0]

@@ -21,7 +21,6 @@ round), so that the calls of one round are the calls of the next.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import contextlib
 import hashlib
@@ -30,18 +29,23 @@ import io
 import json
 import random
 import signal
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from areal_agents.rewards._cases import (
+    compile_tests,
+    preamble_code,
+    referenced,
+    solution_names,
+    split,
+)
 from areal_agents.rewards._wire import Unsendable, decode, dumps, encode
 
 __all__ = ["Call", "JudgeSpec", "Round", "judge_round"]
 
 _PENDING_OPS = 100_000
 _MAX_NEW_CALLS = 5_000
-_NO_IMPORT = {"antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "webbrowser"}
 
 
 @dataclass(frozen=True)
@@ -264,11 +268,9 @@ def _constant(value: Any) -> Any:
     return method
 
 
-for _name in (
-    "add radd sub rsub mul rmul truediv rtruediv floordiv rfloordiv mod rmod pow rpow "
-    "neg pos abs invert and rand or ror xor rxor lshift rlshift rshift rrshift "
-    "getitem call round floor ceil trunc matmul rmatmul"
-).split():
+_SAME = "add radd sub rsub mul rmul truediv rtruediv floordiv rfloordiv mod rmod pow rpow neg pos"
+_SAME += " abs invert and rand or ror xor rxor lshift rlshift rshift rrshift getitem call round"
+for _name in [*_SAME.split(), "floor", "ceil", "trunc", "matmul", "rmatmul"]:
     setattr(_Pending, f"__{_name}__", _same)
 for _name, _value in {
     "eq": True, "ne": False, "lt": True, "le": True, "gt": True, "ge": True, "bool": True,
@@ -276,7 +278,14 @@ for _name, _value in {
     "str": "", "repr": "<pending>", "format": "",
 }.items():  # fmt: skip
     setattr(_Pending, f"__{_name}__", _constant(_value))
-_Pending.__iter__ = lambda self: (self._tick(), iter(()))[1]  # type: ignore[method-assign]
+
+
+def _empty(self: _Pending) -> Iterator[Any]:
+    self._tick()
+    return iter(())
+
+
+setattr(_Pending, "__iter__", _empty)  # noqa: B010
 
 
 def _alarm(signum: int, frame: Any) -> None:
@@ -298,107 +307,6 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, _CaseFailed | _Crashed | _CallTimeout):
         return str(error)[:500]
     return f"{type(error).__name__}: {error}"[:500]
-
-
-# ---- the tests' shape ----------------------------------------------------------------------
-
-
-def _parse(source: str) -> ast.Module | None:
-    try:
-        return ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
-
-class _Asserts(ast.NodeTransformer):
-    """``assert test, msg`` -> ``if not test: __areal_fail__(msg)``: the same check, except that
-    after a round's first unknown call (when nothing it finds counts) a failed assert lets the
-    test go on, so that the rest of its calls are found in the same round."""
-
-    def visit_Assert(self, node: ast.Assert) -> ast.AST:
-        self.generic_visit(node)
-        fail = ast.Call(
-            func=ast.Name(id="__areal_fail__", ctx=ast.Load()),
-            args=[node.msg or ast.Constant(value=None)],
-            keywords=[],
-        )
-        test = ast.UnaryOp(op=ast.Not(), operand=node.test)
-        return ast.copy_location(ast.If(test=test, body=[ast.Expr(value=fail)], orelse=[]), node)
-
-
-def _compile(tree: ast.Module | str, filename: str) -> Any:
-    if isinstance(tree, str):
-        tree = ast.parse(tree, filename)
-    tree = ast.fix_missing_locations(_Asserts().visit(tree))
-    return compile(tree, filename, "exec")
-
-
-def _split(source: str, function: str | None) -> list[tuple[bool, Any]] | None:
-    """``[(is_case, code)]`` for the statements of ``source`` (or of its ``function``)."""
-    tree = _parse(source)
-    if tree is None:
-        return None
-    body: list[ast.stmt] = tree.body
-    if function is not None:
-        found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
-        if not found:
-            return None
-        body = found[-1].body
-    pieces = []
-    try:
-        for stmt in body:
-            if function is not None and isinstance(stmt, ast.Expr):
-                if isinstance(stmt.value, ast.Constant):
-                    continue  # a docstring
-            is_case = any(isinstance(node, ast.Assert) for node in ast.walk(stmt))
-            module = ast.Module(body=[stmt], type_ignores=[])
-            pieces.append((is_case, _compile(module, "<test>")))
-    except (SyntaxError, ValueError, RecursionError):
-        return None
-    return pieces
-
-
-def _solution_names(source: str) -> tuple[set[str], set[str], dict[str, str]]:
-    """The solution's top-level functions, other names, and stdlib modules it imports."""
-    functions: set[str] = set()
-    values: set[str] = set()
-    modules: dict[str, str] = {}
-    tree = _parse(source)
-    for node in tree.body if tree is not None else ():
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            functions.add(node.name)
-        elif isinstance(node, ast.ClassDef):
-            values.add(node.name)
-        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for sub in ast.walk(target):
-                    if isinstance(sub, ast.Name):
-                        values.add(sub.id)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                top = alias.name.split(".")[0]
-                if top in sys.stdlib_module_names and top not in _NO_IMPORT:
-                    modules[alias.asname or top] = alias.name if alias.asname else top
-    return functions, values - functions, modules
-
-
-def _referenced(sources: list[str]) -> set[str]:
-    names: set[str] = set()
-    for source in sources:
-        tree = _parse(source)
-        if tree is not None:
-            names.update(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
-    return names
-
-
-def _preamble(source: str) -> Any:
-    for text in (source, source.rstrip() + "\n    pass\n"):
-        try:
-            return compile(text, "<preamble>", "exec")
-        except (SyntaxError, ValueError, RecursionError):
-            continue
-    return None
 
 
 # ---- one round -----------------------------------------------------------------------------
@@ -438,7 +346,7 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
             raise AssertionError() if message is None else AssertionError(message)
 
     namespace["__areal_fail__"] = fail
-    preamble = _preamble(spec.preamble) if spec.preamble.strip() else None
+    preamble = preamble_code(spec.preamble) if spec.preamble.strip() else None
     if preamble is not None:
         run(preamble)
     entry = spec.entry_point
@@ -446,8 +354,8 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
         bind: dict[str, str] = {entry: "function"} if entry else {}
     else:
         sources = [spec.tests] if isinstance(spec.tests, str) else list(spec.tests)
-        wanted = _referenced(sources)
-        functions, values, modules = _solution_names(spec.solution)
+        wanted = referenced(sources)
+        functions, values, modules = solution_names(spec.solution)
         bind = {n: "function" for n in functions if n in wanted and n not in namespace}
         bind.update({n: "value" for n in values if n in wanted and n not in namespace})
         for alias, module in modules.items():
@@ -470,27 +378,27 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
         pieces: list[tuple[bool, Any]] = []
         for i, case in enumerate(spec.tests):
             try:
-                pieces.append((True, _compile(case, f"<test {i}>")))
+                pieces.append((True, compile_tests(case, f"<test {i}>")))
             except (SyntaxError, ValueError, RecursionError) as e:
                 pieces.append((True, f"test {i} does not compile: {e}"))
     else:
         source = str(spec.tests)
         if spec.mode == "check":
             try:
-                status, error = run(_compile(source, "<tests>"))
+                status, error = run(compile_tests(source, "<tests>"))
             except (SyntaxError, ValueError, RecursionError) as e:
                 status, error = "fail", f"{type(e).__name__}: {e}"
             if status != "ok" and not state.dirty:
                 setup_error = f"test program: {error}"
             namespace["candidate"] = _Proxy(entry, state) if entry else None
-        split = _split(source, "check" if spec.mode == "check" else None)
-        if split is None:  # cannot split: the whole check is one case
+        found = split(source, "check" if spec.mode == "check" else None)
+        if found is None:  # cannot split: the whole check is one case
             call = "check(candidate)" if spec.mode == "check" else source
             try:
-                split = [(True, _compile(call, "<test>"))]
+                found = [(True, compile_tests(call, "<test>"))]
             except (SyntaxError, ValueError, RecursionError) as e:
-                split = [(True, f"the tests do not compile: {e}")]
-        pieces = split
+                found = [(True, f"the tests do not compile: {e}")]
+        pieces = found
 
     total = sum(1 for is_case, _ in pieces if is_case)
     passed = timeouts = 0

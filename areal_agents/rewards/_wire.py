@@ -75,8 +75,7 @@ def _encode(x: Any, depth: int, count: list[int]) -> Any:
         return ["l" if t is list else "t", items]
     if t is dict:
         pairs = [
-            [_encode(k, depth + 1, count), _encode(v, depth + 1, count)]
-            for k, v in dict.items(x)
+            [_encode(k, depth + 1, count), _encode(v, depth + 1, count)] for k, v in dict.items(x)
         ]
         return ["d", pairs]
     if t is set or t is frozenset:

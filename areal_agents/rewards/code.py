@@ -1,17 +1,59 @@
-r"""Unit tests run in a sandbox: all-pass 1.0 else 0.0 (or the fraction passed).
+r"""Unit tests for submitted code: all-pass 1.0 else 0.0 (or the fraction passed).
 
-The hidden tests (:class:`UnitTests`) run inside a sandbox next to the submitted program, one
-case at a time, with a time limit per case and one for the whole run. The result's ``status``
-keeps the reasons apart:
+The result's ``status`` keeps the reasons apart:
 
 * ``correct`` — every case passed; ``wrong`` / ``partial`` — some failed;
-* ``timeout`` — a case or the whole run ran out of time (never folded into ``wrong``);
+* ``timeout`` — a call, a case or the whole run ran out of time (never folded into ``wrong``);
 * ``error`` — the submitted program did not load (syntax error, exception at import, no entry
-  point, out of memory, or it killed the test runner);
+  point, out of memory), or it ended the test run during a call;
 * ``no_answer`` — the response held no code.
 
 A broken sandbox (container gone) raises :class:`~areal_agents.errors.SandboxError` instead:
 an infrastructure fault is never a reward.
+
+How a grade is reached (and why it cannot be forged)
+----------------------------------------------------
+Nothing the program under test can read, write or fake decides its grade. Inside its own
+process and sandbox it can read every secret (stack frames, ``/proc/*/cmdline``, the
+environment, files), write any output, exit with any status, patch any module and build
+objects whose ``==`` says yes. So the verdict is reached elsewhere:
+
+* The **judge** (:mod:`._judge`) runs on the host, in a killable grading process
+  (:mod:`.isolation`). It executes the trusted code only: the task's preamble (HumanEval's
+  prompt, whose helpers such as ``poly`` the tests use) and the tests, with the solution's
+  names bound to proxies. Expected values never enter the sandbox.
+* The **executor** (:mod:`._executor`, stdlib-only source sent into the sandbox) loads the
+  solution and answers a batch of calls ``(name, args, kwargs)``: the return value, the
+  exception (type name and message), or a per-call timeout; and the arguments it changed in
+  place.
+* Values cross the wall in a tagged, type-strict wire form (:mod:`._wire`): only exact
+  ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``list``,
+  ``tuple``, ``dict``, ``set`` and ``frozenset``, nesting and size capped. Anything else (a
+  subclass, an object with a forged ``__eq__``, a generator, a module, ``NotImplemented``) is
+  "a value of type X", which fails that call. The judge decodes into fresh plain objects, so
+  the tests' own comparisons see only values the host built.
+* **Record and replay**: a judge round runs every case; a proxy call whose answer is not known
+  yet is recorded (and, so that one round finds a whole loop's calls, returns a placeholder
+  whose results never count). The batch goes to the sandbox in one run; the next round replays
+  the tests with the answers. A round that needs no unknown call decides. Usually one sandbox
+  run and two rounds; at most :data:`MAX_RUNS` runs within ``timeout_s``. ``random`` is seeded
+  alike in every round, so that tests that draw inputs ask the same calls each time.
+* The answers are read on the host as text only: lines ``@areal:KIND ID PAYLOAD``; the first
+  readable line per id of the batch wins, other ids and garbage are ignored; payloads are
+  decoded in the judge's killable process (depth-capped, no recursion past the cap). Forging
+  an answer line, printing to any descriptor, exiting early or killing the executor can only
+  change the program's *own* answers, which it controls anyway; a call still running when the
+  run ends is a timeout (or a crash), calls not reached go to the next run, and a run that
+  answers nothing fails its calls.
+
+The tests come in three shapes (:attr:`UnitTests.mode`): ``cases`` (snippets, each a case),
+``check`` (HumanEval: the statements of ``check(candidate)`` that hold an ``assert`` are the
+cases) and ``program`` (top-level asserts over several names of the solution: its functions
+become proxies, its other top-level values are fetched as values, and stdlib modules it
+imports are bound to the host's). Limits of the design: a solution's functions must be pure
+as far as the tests can tell (calls run in batches, possibly in a fresh process per batch, and
+equal calls are answered once); classes and objects other than the plain types cannot be
+tested (calling a class fails with "a value of type ...").
 
 >>> tests = UnitTests(tests=("assert add(2, 0) == 2", "assert add(1, 2) == 3"), entry_point="add")
 >>> reward = UnitTestReward(backend="process")
