@@ -72,7 +72,9 @@ def split(source: str, function: str | None) -> list[tuple[bool, Any]] | None:
 
 
 def solution_names(source: str) -> tuple[set[str], set[str], dict[str, str]]:
-    """The solution's top-level functions, other names, and stdlib modules it imports."""
+    """The solution's top-level functions, other names, and the standard-library modules it
+    imports under their own names (tests written for a shared namespace use ``math`` unimported:
+    the judge binds the host's own module, never one the solution chose)."""
     functions: set[str] = set()
     values: set[str] = set()
     modules: dict[str, str] = {}
@@ -89,10 +91,11 @@ def solution_names(source: str) -> tuple[set[str], set[str], dict[str, str]]:
                     if isinstance(sub, ast.Name):
                         values.add(sub.id)
         elif isinstance(node, ast.Import):
-            for alias in node.names:
+            for alias in node.names:  # only `import x` (x under its own name) counts
                 top = alias.name.split(".")[0]
-                if top in sys.stdlib_module_names and top not in _NO_IMPORT:
-                    modules[alias.asname or top] = alias.name if alias.asname else top
+                if alias.asname is None and top in sys.stdlib_module_names:
+                    if top not in _NO_IMPORT and not top.startswith("_"):
+                        modules[top] = top
     return functions, values - functions, modules
 
 

@@ -356,8 +356,11 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
         sources = [spec.tests] if isinstance(spec.tests, str) else list(spec.tests)
         wanted = referenced(sources)
         functions, values, modules = solution_names(spec.solution)
-        bind = {n: "function" for n in functions if n in wanted and n not in namespace}
-        bind.update({n: "value" for n in values if n in wanted and n not in namespace})
+        # never a name the preamble defines or a builtin: `def abs(x): return 0` must not
+        # change what the tests' own `abs(f(x) - y) < 1e-6` means
+        free = {n for n in wanted if n not in namespace and not hasattr(builtins, n)}
+        bind = {n: "function" for n in functions & free}
+        bind.update({n: "value" for n in values & free})
         for alias, module in modules.items():
             if alias in wanted and alias not in namespace and alias not in bind:
                 with contextlib.suppress(Exception):

@@ -91,6 +91,20 @@ def test_redefining_the_prompts_helpers_does_not_help(task_id: str, code: str) -
     assert (result.reward, result.status) == (0.0, "wrong"), result
 
 
+def test_solution_names_never_replace_builtins_or_the_preamble() -> None:
+    tests = UnitTests(
+        tests=("assert abs(area(2) - 12.566) < 0.01", "assert sorted(f()) == [1, 2]"),
+        entry_point="area",
+        preamble="def f():\n    return [2, 1]\n",
+    )
+    code = (
+        "import math as cheat\ndef abs(x):\n    return 0\ndef sorted(x):\n    return [1, 2]\n"
+        "def f():\n    return [1, 2]\ndef area(r):\n    return 0\n"
+    )
+    result = UnitTestReward(backend="process", mode="fraction").check(code, tests)
+    assert (result.reward, result.details["passed"]) == (0.5, 1), result  # only sorted(f())
+
+
 def test_a_plain_string_reference_is_the_test_program() -> None:
     reward = UnitTestReward(backend="process")
     code = "```python\ndef f(x):\n    return x + 1\n```"
