@@ -93,9 +93,9 @@ def solution_names(source: str) -> tuple[set[str], set[str], dict[str, str]]:
         elif isinstance(node, ast.Import):
             for alias in node.names:  # only `import x` (x under its own name) counts
                 top = alias.name.split(".")[0]
-                if alias.asname is None and top in sys.stdlib_module_names:
-                    if top not in _NO_IMPORT and not top.startswith("_"):
-                        modules[top] = top
+                stdlib = top in sys.stdlib_module_names and not top.startswith("_")
+                if alias.asname is None and stdlib and top not in _NO_IMPORT:
+                    modules[top] = top
     return functions, values - functions, modules
 
 

@@ -84,7 +84,7 @@ class Round:
     case_timeouts: int
     failures: tuple[str, ...]
     crashed: str | None
-    setup_error: str | None
+    setup_error: str | None  # the test program failed to run (HumanEval's check)
     calls: tuple[Call, ...]
 
 
@@ -202,7 +202,11 @@ def _outcome(name: str, record: dict[str, Any]) -> Any:
         raise CandidateError(f"{kind}: {message}")
     if "unsendable" in record:
         reason = str(record["unsendable"])[:300]
-        raise _CaseFailed(f"{name} returned {reason}, which cannot leave the sandbox")
+        raise _CaseFailed(
+            f"{name} returned {reason}, which cannot leave the sandbox (only None, bool, int, "
+            "float, complex, str, bytes, list, tuple, dict, set and frozenset do; classes and "
+            "other objects are not supported)"
+        )
     raise _CaseFailed(f"{name}: {str(record.get('lost', 'no answer'))[:300]}")
 
 
@@ -377,6 +381,7 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
             continue
 
     setup_error: str | None = None
+    program_error: str | None = None  # the test program itself failed to run: an error
     if spec.mode == "cases":
         pieces: list[tuple[bool, Any]] = []
         for i, case in enumerate(spec.tests):
@@ -392,7 +397,7 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
             except (SyntaxError, ValueError, RecursionError) as e:
                 status, error = "fail", f"{type(e).__name__}: {e}"
             if status != "ok" and not state.dirty:
-                setup_error = f"test program: {error}"
+                setup_error = program_error = f"test program: {error}"
             namespace["candidate"] = _Proxy(entry, state) if entry else None
         found = split(source, "check" if spec.mode == "check" else None)
         if found is None:  # cannot split: the whole check is one case
@@ -442,6 +447,6 @@ def _round(spec: JudgeSpec, state: _State) -> Round:
         case_timeouts=timeouts,
         failures=tuple(failures[:5]),
         crashed=crashed,
-        setup_error=setup_error,
+        setup_error=program_error,
         calls=() if decided else tuple(state.new.values()),
     )
