@@ -2,6 +2,9 @@
 
     python benchmarks/code_grading.py [--backends docker bubblewrap] [--grades 20] [--json PATH]
 
+Each grade is one judge round on the host, one sandbox run of the executor, and a second judge
+round that decides (see :mod:`areal_agents.rewards.code`).
+
 For each backend, grades in one warm sandbox (reset before each grade, as the code environment
 does): the canonical solution of procedural tasks (right), the same tasks with a wrong
 solution, and the canonical solutions of the first HumanEval problems. Prints the median and
@@ -69,12 +72,13 @@ def measure(backend: str, grades: int) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark (see the module docstring); returns what it printed."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--backends", nargs="+", default=["docker", "bubblewrap"])
     parser.add_argument("--grades", type=int, default=20)
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     result: dict[str, Any] = {"machine": machine_info()}
     for backend in args.backends:
         result[backend] = measure(backend, args.grades)
@@ -82,6 +86,7 @@ def main() -> None:
             print(f"{backend:10s} {kind:18s} {figures}")
     if args.json:
         write_json(args.json, result)
+    return result
 
 
 if __name__ == "__main__":
