@@ -191,6 +191,8 @@ def _outcome(name: str, record: dict[str, Any]) -> Any:
     if isinstance(raised, list) and len(raised) == 2 and all(isinstance(s, str) for s in raised):
         kind, message = raised
         cls = getattr(builtins, kind, None) if kind.isidentifier() else None
+        if cls in (StopIteration, StopAsyncIteration):  # would end the tests' loops quietly
+            raise CandidateError(f"{kind}: {message}")
         if isinstance(cls, type) and issubclass(cls, Exception):
             try:
                 error = cls(message)

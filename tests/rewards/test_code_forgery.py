@@ -105,6 +105,19 @@ def test_solution_names_never_replace_builtins_or_the_preamble() -> None:
     assert (result.reward, result.details["passed"]) == (0.5, 1), result  # only sorted(f())
 
 
+def test_stop_iteration_cannot_end_the_tests_loops_early() -> None:
+    tests = UnitTests(
+        tests=(
+            "for y in map(f, [1, 2, 3]):\n    assert y == 0\n",
+            "assert list(iter(lambda: f(1), None)) == [0]",
+        ),
+        entry_point="f",
+    )
+    code = "def f(x):\n    raise StopIteration"
+    result = UnitTestReward(backend="process", mode="fraction").check(code, tests)
+    assert (result.reward, result.details["passed"]) == (0.0, 0), result
+
+
 def test_a_plain_string_reference_is_the_test_program() -> None:
     reward = UnitTestReward(backend="process")
     code = "```python\ndef f(x):\n    return x + 1\n```"
