@@ -117,7 +117,9 @@ class UnitTests:
         entry_point: the function the solution must define (``check`` gets it as
             ``candidate``); ``None`` when the tests need no particular name.
         preamble: code that goes before the solution (HumanEval's prompt: imports, helper
-            functions and the signature, so that a body-only completion also works).
+            functions and the signature, so that a body-only completion also works). The judge
+            runs it too, on the host: the helpers the tests use are the preamble's, never the
+            solution's. It is trusted, like the tests.
     """
 
     tests: tuple[str, ...] | str
@@ -300,15 +302,10 @@ def _report(found: Round, stdout: str) -> TestReport:
 def _unfinished(
     found: Round | None, why: str, *, timed_out: bool = False, load_error: str | None = None
 ) -> TestReport:
-    return TestReport(
-        total=found.total if found else 0,
-        passed=found.passed if found else 0,
-        case_timeouts=found.case_timeouts if found else 0,
-        run_timed_out=timed_out,
-        load_error=load_error,
-        failures=(*(found.failures if found else ()), why)[:5],
-        stdout="",
+    total, passed, timeouts, failures = (
+        (found.total, found.passed, found.case_timeouts, found.failures) if found else (0, 0, 0, ())
     )
+    return TestReport(total, passed, timeouts, timed_out, load_error, (*failures, why)[:5], "")
 
 
 def _program(
@@ -391,14 +388,17 @@ def _read(result: ExecResult, calls: Sequence[Call]) -> _Run:
 
 
 class UnitTestReward(Reward):
-    """Reward a program by hidden unit tests run in a sandbox.
+    """Reward a program by hidden unit tests: the program runs in a sandbox, the tests on the
+    host (see the module docstring).
 
     The sandbox enforces ``timeout_s``, so :meth:`acall` waits a little longer and still gets
-    the per-case report of a run that timed out.
+    the per-case report of a run that timed out. ``reference`` is :class:`UnitTests`, a mapping
+    (:meth:`UnitTests.from_mapping`) or a string, which is the test program itself.
 
     Args:
         mode: ``"all"`` (1.0 when every case passes, else 0.0) or ``"fraction"`` (passed/total).
-        timeout_s: limit for the whole test run; ``case_timeout_s`` for one case.
+        timeout_s: limit for the sandbox runs of one grade; ``case_timeout_s`` for one call of
+            the solution (and for one case of the tests on the host).
         timeout_reward: the reward of a run that timed out (status ``"timeout"``).
         sandbox: run in this sandbox (it is reset first, then left open); without one, every
             call opens a fresh sandbox of ``backend`` with ``sandbox_options`` and closes it.
