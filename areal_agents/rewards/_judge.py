@@ -122,7 +122,8 @@ class _State:
 
     def want(self, call: Call) -> Any:
         self.dirty = True
-        if len(self.new) >= _MAX_NEW_CALLS:
+        self.ops += 1
+        if len(self.new) >= _MAX_NEW_CALLS or self.ops > _PENDING_OPS:
             raise _Unknown()
         self.new.setdefault(call.key, call)
         if not self.discovery:

@@ -201,6 +201,20 @@ def test_wire_is_type_strict_and_bounded() -> None:
         decode(nested)
 
 
+def test_discovery_finds_a_loops_calls_in_one_round_strict_rounds_one_by_one() -> None:
+    tests = "for x in range(20):\n    assert f(x) == 2 * x\nassert f(100) == 200\n"
+    spec = JudgeSpec(tests, "program", None, "", "def f(x):\n    return 2 * x\n", 5.0, False)
+    discovery, strict = judge_round(spec, {}, True), judge_round(spec, {}, False)
+    assert not discovery.decided and len(discovery.calls) == 21
+    assert not strict.decided and [c.args for c in strict.calls] == [["l", [0]], ["l", [100]]]
+    # placeholders never count: a round decides only on known answers
+    answers = {c.key: dumps({"ok": 2 * c.args[1][0]}) for c in discovery.calls}
+    final = judge_round(spec, answers, True)
+    assert (final.decided, final.passed, final.total, final.calls) == (True, 2, 2, ())
+    answers[discovery.calls[5].key] = dumps({"ok": 11})
+    assert judge_round(spec, answers, True).passed == 1
+
+
 def test_reading_the_sandbox_output_is_robust() -> None:
     spec = JudgeSpec(("assert f(1) == 2",), "cases", "f", "", "def f(x): ...", 5.0, False)
     calls = judge_round(spec, {}, True).calls
