@@ -21,7 +21,9 @@ objects whose ``==`` says yes. So the verdict is reached elsewhere:
 * The **judge** (:mod:`._judge`) runs on the host, in a killable grading process
   (:mod:`.isolation`). It executes the trusted code only: the task's preamble (HumanEval's
   prompt, whose helpers such as ``poly`` the tests use) and the tests, with the solution's
-  names bound to proxies. Expected values never enter the sandbox.
+  names bound to proxies. Expected values never enter the sandbox. The tests are therefore
+  host code: take test sets (a JSONL of tasks) only from sources you would take a Python
+  package from.
 * The **executor** (:mod:`._executor`, stdlib-only source sent into the sandbox) loads the
   solution and answers a batch of calls ``(name, args, kwargs)``: the return value, the
   exception (type name and message), or a per-call timeout; and the arguments it changed in
