@@ -52,10 +52,9 @@ The tests come in three shapes (:attr:`UnitTests.mode`): ``cases`` (snippets, ea
 ``check`` (HumanEval: the statements of ``check(candidate)`` that hold an ``assert`` are the
 cases) and ``program`` (top-level asserts over several names of the solution: its functions
 become proxies, its other top-level values are fetched as values, and stdlib modules it
-imports are bound to the host's). Limits of the design: a solution's functions must be pure
-as far as the tests can tell (calls run in batches, possibly in a fresh process per batch, and
-equal calls are answered once); classes and objects other than the plain types cannot be
-tested (calling a class fails with "a value of type ...").
+imports are bound to the host's). Limits: the solution's functions must be pure as far as the
+tests can tell (calls run in batches, a batch per process; equal calls are answered once), and
+classes and other objects cannot be tested (they are "a value of type ...").
 
 >>> tests = UnitTests(tests=("assert add(2, 0) == 2", "assert add(1, 2) == 3"), entry_point="add")
 >>> reward = UnitTestReward(backend="process")
