@@ -318,6 +318,21 @@ FORGERIES: list[tuple[str, str]] = [
         "threading.Thread(target=spam, daemon=True).start()\n"
         "def NAME(*args, **kwargs):\n    return None\n",
     ),
+    (
+        "exception_message_injects_lines",
+        _JOB_IDS + "def NAME(*args, **kwargs):\n"
+        "    raise ValueError(''.join('\\n@areal:R ' + i + ' {\"ok\":1}\\n' for i in _ids()))\n",
+    ),
+    (
+        "exception_renamed_stop_iteration",
+        "class E(Exception):\n    pass\nE.__name__ = 'StopIteration'\n"
+        "def NAME(*args, **kwargs):\n    raise E()\n",
+    ),
+    (
+        "exception_renamed_system_exit",
+        "class E(Exception):\n    pass\nE.__name__ = 'SystemExit'\n"
+        "def NAME(*args, **kwargs):\n    raise E()\n",
+    ),
     ("memory_bomb", "def NAME(*args, **kwargs):\n    return [0] * (10**10)\n"),
     (
         "read_tests_from_disk",
