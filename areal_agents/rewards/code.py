@@ -1,17 +1,60 @@
-r"""Unit tests run in a sandbox: all-pass 1.0 else 0.0 (or the fraction passed).
+r"""Unit tests for submitted code: all-pass 1.0 else 0.0 (or the fraction passed).
 
-The hidden tests (:class:`UnitTests`) run inside a sandbox next to the submitted program, one
-case at a time, with a time limit per case and one for the whole run. The result's ``status``
-keeps the reasons apart:
+The result's ``status`` keeps the reasons apart:
 
 * ``correct`` — every case passed; ``wrong`` / ``partial`` — some failed;
-* ``timeout`` — a case or the whole run ran out of time (never folded into ``wrong``);
+* ``timeout`` — a call, a case or the whole run ran out of time (never folded into ``wrong``);
 * ``error`` — the submitted program did not load (syntax error, exception at import, no entry
-  point, out of memory, or it killed the test runner);
+  point, out of memory), or it ended the test run during a call;
 * ``no_answer`` — the response held no code.
 
 A broken sandbox (container gone) raises :class:`~areal_agents.errors.SandboxError` instead:
 an infrastructure fault is never a reward.
+
+How a grade is reached (and why it cannot be forged)
+----------------------------------------------------
+Nothing the program under test can read, write or fake decides its grade. Inside its own
+process and sandbox it can read every secret (stack frames, ``/proc/*/cmdline``, the
+environment, files), write any output, exit with any status, patch any module and build
+objects whose ``==`` says yes. So the verdict is reached elsewhere:
+
+* The **judge** (:mod:`._judge`) runs on the host, in a killable grading process
+  (:mod:`.isolation`). It executes the trusted code only: the task's preamble (HumanEval's
+  prompt, whose helpers such as ``poly`` the tests use) and the tests, with the solution's
+  names bound to proxies. Expected values never enter the sandbox. The tests are therefore
+  host code: take test sets (a JSONL of tasks) only from sources you would take a Python
+  package from.
+* The **executor** (:mod:`._executor`, stdlib-only source sent into the sandbox) loads the
+  solution and answers a batch of calls ``(name, args, kwargs)``: the return value, the
+  exception (type name and message), or a per-call timeout; and the arguments it changed in
+  place.
+* Values cross the wall in a tagged, type-strict wire form (:mod:`._wire`): only exact
+  ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``list``,
+  ``tuple``, ``dict``, ``set`` and ``frozenset``, nesting and size capped. Anything else (a
+  subclass, an object with a forged ``__eq__``, a generator, a module, ``NotImplemented``) is
+  "a value of type X", which fails that call. The judge decodes into fresh plain objects, so
+  the tests' own comparisons see only values the host built.
+* **Record and replay**: a judge round runs every case; a proxy call whose answer is not known
+  yet is recorded (and, so that one round finds a whole loop's calls, returns a placeholder
+  whose results never count). The batch goes to the sandbox in one run; the next round replays
+  the tests with the answers. A round that needs no unknown call decides. Usually one sandbox
+  run and two rounds; at most :data:`MAX_RUNS` runs within ``timeout_s``. ``random`` is seeded
+  alike in every round, so that tests that draw inputs ask the same calls each time.
+* The answers are read on the host as text only: lines ``@areal:KIND ID PAYLOAD``; the first
+  readable line per id of the batch wins, other ids and garbage are ignored; payloads are
+  decoded in the judge's killable process (depth-capped, no recursion past the cap). Forging
+  an answer line, printing to any descriptor, exiting early or killing the executor can only
+  change the program's *own* answers, which it controls anyway; a call still running when the
+  run ends is a timeout (or a crash), calls not reached go to the next run, and a run that
+  answers nothing fails its calls.
+
+The tests come in three shapes (:attr:`UnitTests.mode`): ``cases`` (snippets, each a case),
+``check`` (HumanEval: the statements of ``check(candidate)`` that hold an ``assert`` are the
+cases) and ``program`` (top-level asserts over several names of the solution: its functions
+become proxies, its other top-level values are fetched as values, and stdlib modules it
+imports are bound to the host's). Limits: the solution's functions must be pure as far as the
+tests can tell (calls run in batches, a batch per process; equal calls are answered once), and
+classes and other objects cannot be tested (they are "a value of type ...").
 
 >>> tests = UnitTests(tests=("assert add(2, 0) == 2", "assert add(1, 2) == 3"), entry_point="add")
 >>> reward = UnitTestReward(backend="process")
@@ -25,15 +68,19 @@ from __future__ import annotations
 
 import ast
 import json
-import secrets
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal_agents.errors import RewardTimeout
+from areal_agents.rewards._judge import Call, JudgeSpec, Round, judge_round
+from areal_agents.rewards._wire import dumps
 from areal_agents.rewards.base import Reward, RewardResult
 from areal_agents.rewards.extract import extract_code_blocks
-from areal_agents.sandboxes import Sandbox, make_sandbox
+from areal_agents.rewards.isolation import GradingFailed, run_isolated
+from areal_agents.sandboxes import ExecResult, Sandbox, make_sandbox
 
 __all__ = [
     "TestReport",
@@ -44,7 +91,20 @@ __all__ = [
     "select_code",
 ]
 
-_HARNESS = (Path(__file__).with_name("_harness.py")).read_text()
+#: Most sandbox runs one grade may take (each answers a batch of calls; usually one is enough).
+MAX_RUNS = 8
+_JUDGE_MIN_S = 5.0
+_MARK = "@areal:"
+
+
+def _executor_source() -> str:
+    here = Path(__file__).parent
+    executor = (here / "_executor.py").read_text()
+    executor = executor.replace("from __future__ import annotations\n", "", 1)
+    return (here / "_wire.py").read_text() + "\n" + executor
+
+
+_EXECUTOR = _executor_source()
 
 
 @dataclass(frozen=True)
@@ -58,7 +118,9 @@ class UnitTests:
         entry_point: the function the solution must define (``check`` gets it as
             ``candidate``); ``None`` when the tests need no particular name.
         preamble: code that goes before the solution (HumanEval's prompt: imports, helper
-            functions and the signature, so that a body-only completion also works).
+            functions and the signature, so that a body-only completion also works). The judge
+            runs it too, on the host: the helpers the tests use are the preamble's, never the
+            solution's. It is trusted, like the tests.
     """
 
     tests: tuple[str, ...] | str
@@ -163,65 +225,181 @@ def run_unit_tests(
     case_timeout_s: float = 5.0,
     fail_fast: bool = False,
 ) -> TestReport:
-    """Run ``tests`` against ``code`` (already assembled) in ``sandbox``; infrastructure faults
-    raise :class:`~areal_agents.errors.SandboxError`. ``fail_fast`` stops at the first failing
-    case (the cases after it count as not passed)."""
-    nonce = "@@areal-" + secrets.token_hex(8) + "@@"
-    job = {
-        "nonce": nonce,
-        "case_timeout": case_timeout_s,
-        "solution": code,
-        "tests": tests.tests if isinstance(tests.tests, str) else list(tests.tests),
-        "entry_point": tests.entry_point,
-        "mode": tests.mode,
-        "fail_fast": fail_fast,
-    }
-    program = _HARNESS + f"\nmain(json.loads({json.dumps(json.dumps(job))}))\n"
-    result = sandbox.run_python(program, timeout=timeout_s)
-    events = []
-    for line in result.stdout.splitlines():
-        at = line.find(nonce)
-        if at >= 0:
-            try:
-                events.append(json.loads(line[at + len(nonce) :]))
-            except json.JSONDecodeError:
+    """Run ``tests`` against ``code`` (already assembled) in ``sandbox`` (see the module
+    docstring); infrastructure faults raise :class:`~areal_agents.errors.SandboxError`.
+    ``fail_fast`` stops at the first failing case (the cases after it count as not passed)."""
+    spec = JudgeSpec(
+        tests=tests.tests,
+        mode=tests.mode,
+        entry_point=tests.entry_point,
+        preamble=tests.preamble,
+        solution=code,
+        case_timeout_s=case_timeout_s,
+        fail_fast=fail_fast,
+    )
+    limits = getattr(sandbox, "limits", None)
+    budget = max(1024, int(getattr(limits, "max_output_bytes", 64 * 1024)) - 4096)
+    deadline = time.monotonic() + timeout_s
+    answers: dict[str, str] = {}
+    discovery, loaded, runs, stdout = True, False, 0, ""
+    while True:
+        judge_s = max(_JUDGE_MIN_S, deadline - time.monotonic())
+        try:
+            found = run_isolated(judge_round, spec, answers, discovery, timeout_s=judge_s)
+        except RewardTimeout:
+            if discovery:  # placeholders sent the tests into a loop: find calls one by one
+                discovery = False
                 continue
-    cases = [e for e in events if e.get("event") == "case"]
-    load = next((e for e in events if e.get("event") == "load_error"), None)
-    done = next((e for e in events if e.get("event") == "done"), None)
-    load_error = None
-    if load is not None:
-        load_error = str(load.get("error"))
-    elif done is None and not result.timed_out:
-        if result.oom_killed:
-            load_error = "the program ran out of memory"
-        else:
-            tail = (result.stderr or result.stdout)[-300:]
-            load_error = f"the test run ended early (exit code {result.exit_code}): {tail}"
-    plan = next((e for e in events if e.get("event") == "plan"), None)
-    total = max(len(cases), int((plan or {}).get("total", 0)))
-    failed = [f"case {e.get('index')}: {e.get('error')}" for e in cases if not e.get("ok")]
-    run_timed_out = result.timed_out or bool(load and load.get("timeout"))
+            return _unfinished(None, "the tests ran out of time on the host", timed_out=True)
+        except GradingFailed as e:
+            return _unfinished(None, f"the tests could not be run: {e}", load_error=str(e))
+        if found.decided and loaded:
+            return _report(found, stdout)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return _unfinished(found, "the test run timed out", timed_out=True)
+        if runs >= MAX_RUNS:
+            return _unfinished(found, f"the tests needed more than {MAX_RUNS} sandbox runs")
+        calls = () if found.decided else found.calls
+        result = sandbox.run_python(
+            _program(code, calls, tests.entry_point, case_timeout_s, budget), timeout=remaining
+        )
+        runs += 1
+        run = _read(result, calls)
+        if run.load_error is not None or run.load_timed_out:
+            return TestReport(
+                total=found.total,
+                passed=0,
+                case_timeouts=0,
+                run_timed_out=run.load_timed_out,
+                load_error=None if run.load_timed_out else run.load_error,
+                failures=(),
+                stdout=run.stdout,
+            )
+        loaded, stdout = True, run.stdout or stdout
+        if found.decided:
+            return _report(found, stdout)
+        if not run.answers:  # nothing answered: give up on these calls rather than loop
+            lost = dumps({"lost": "the sandbox run answered none of its calls"})
+            run.answers.update({call.key: lost for call in calls})
+        answers.update(run.answers)
+
+
+def _report(found: Round, stdout: str) -> TestReport:
+    load_error = found.setup_error
+    if load_error is None and found.crashed is not None:
+        load_error = f"the program ended the test run during a call: {found.crashed}"
     return TestReport(
-        total=total,
-        passed=sum(1 for e in cases if e.get("ok")),
-        case_timeouts=sum(1 for e in cases if e.get("timeout")),
-        run_timed_out=run_timed_out,
-        load_error=None if run_timed_out and load is None else load_error,
-        failures=tuple(failed[:5]),
-        stdout=str((done or {}).get("stdout", ""))[-500:],
+        total=found.total,
+        passed=found.passed,
+        case_timeouts=found.case_timeouts,
+        run_timed_out=False,
+        load_error=load_error,
+        failures=found.failures,
+        stdout=stdout,
     )
 
 
+def _unfinished(
+    found: Round | None, why: str, *, timed_out: bool = False, load_error: str | None = None
+) -> TestReport:
+    total, passed, timeouts, failures = (
+        (found.total, found.passed, found.case_timeouts, found.failures) if found else (0, 0, 0, ())
+    )
+    return TestReport(total, passed, timeouts, timed_out, load_error, (*failures, why)[:5], "")
+
+
+def _program(
+    code: str, calls: Sequence[Call], entry_point: str | None, limit: float, budget: int
+) -> str:
+    job = {
+        "solution": code,
+        "entry_point": entry_point,
+        "calls": [[c.key, c.op, c.name, c.args, c.kwargs] for c in calls],
+        "case_timeout": limit,
+        "budget": budget,
+    }
+    return _EXECUTOR + f"\nmain(json.loads({json.dumps(dumps(job))}))\n"
+
+
+@dataclass
+class _Run:
+    answers: dict[str, str] = field(default_factory=dict)
+    load_error: str | None = None
+    load_timed_out: bool = False
+    stdout: str = ""
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _read(result: ExecResult, calls: Sequence[Call]) -> _Run:
+    """The executor's lines in ``result`` (only string work here: values stay encoded until a
+    judge round, in a killable process, decodes them). The first line for an id wins; lines
+    for ids not in this batch, and anything unreadable, are ignored."""
+    batch = {call.key for call in calls}
+    run = _Run()
+    load: Any = None
+    started: list[str] = []
+    ended = False
+    for line in result.stdout.split("\n"):
+        at = line.find(_MARK)
+        if at < 0:
+            continue
+        kind, _, rest = line[at + len(_MARK) :].partition(" ")
+        ident, _, payload = rest.partition(" ")
+        if kind == "L" and load is None:
+            load = _loads(payload)
+            load = load if isinstance(load, dict) else {"error": "unreadable load report"}
+        elif kind == "S" and ident in batch:
+            started.append(ident)
+        elif kind == "R" and ident in batch and ident not in run.answers:
+            if isinstance(_loads(payload), dict):
+                run.answers[ident] = payload
+        elif kind in ("D", "X"):
+            ended = True
+            text = _loads(payload) if kind == "D" else None
+            run.stdout = text[-500:] if isinstance(text, str) else run.stdout
+    if load is None:
+        if result.timed_out:
+            run.load_timed_out = True
+        elif result.oom_killed:
+            run.load_error = "the program ran out of memory"
+        else:
+            tail = (result.stderr or result.stdout)[-300:]
+            run.load_error = f"the test run ended early (exit code {result.exit_code}): {tail}"
+        return run
+    if "ok" not in load:
+        run.load_timed_out = load.get("timeout") is True
+        run.load_error = str(load.get("error"))[:500]
+        return run
+    in_flight = next((i for i in reversed(started) if i not in run.answers), None)
+    if in_flight is not None and not ended:
+        if result.timed_out:
+            run.answers[in_flight] = dumps({"timeout": True})
+        elif result.oom_killed:
+            run.answers[in_flight] = dumps({"crashed": "out of memory"})
+        else:
+            run.answers[in_flight] = dumps({"crashed": f"exit code {result.exit_code}"})
+    return run
+
+
 class UnitTestReward(Reward):
-    """Reward a program by hidden unit tests run in a sandbox.
+    """Reward a program by hidden unit tests: the program runs in a sandbox, the tests on the
+    host (see the module docstring).
 
     The sandbox enforces ``timeout_s``, so :meth:`acall` waits a little longer and still gets
-    the per-case report of a run that timed out.
+    the per-case report of a run that timed out. ``reference`` is :class:`UnitTests`, a mapping
+    (:meth:`UnitTests.from_mapping`) or a string, which is the test program itself.
 
     Args:
         mode: ``"all"`` (1.0 when every case passes, else 0.0) or ``"fraction"`` (passed/total).
-        timeout_s: limit for the whole test run; ``case_timeout_s`` for one case.
+        timeout_s: limit for the sandbox runs of one grade; ``case_timeout_s`` for one call of
+            the solution (and for one case of the tests on the host).
         timeout_reward: the reward of a run that timed out (status ``"timeout"``).
         sandbox: run in this sandbox (it is reset first, then left open); without one, every
             call opens a fresh sandbox of ``backend`` with ``sandbox_options`` and closes it.
@@ -238,7 +416,7 @@ class UnitTestReward(Reward):
         backend: str = "auto",
         sandbox_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.acall_slack_s = 10.0
+        self.acall_slack_s = 15.0
         if mode not in ("all", "fraction"):
             raise ValueError(f"mode={mode!r}: choose 'all' or 'fraction'")
         self.mode = mode
@@ -250,7 +428,12 @@ class UnitTestReward(Reward):
         self.sandbox_options = dict(sandbox_options or {})
 
     def __call__(self, response: str, reference: Any) -> RewardResult:
-        tests = reference if isinstance(reference, UnitTests) else UnitTests.from_mapping(reference)
+        if isinstance(reference, UnitTests):
+            tests = reference
+        elif isinstance(reference, str):  # the test program itself
+            tests = UnitTests(tests=reference)
+        else:
+            tests = UnitTests.from_mapping(reference)
         code = select_code(response, tests.entry_point)
         if code is None:
             return RewardResult(0.0, "no_answer", {"error": "no Python code block found"})

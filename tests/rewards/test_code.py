@@ -15,7 +15,7 @@ from areal_agents.rewards import (
     run_unit_tests,
     select_code,
 )
-from areal_agents.sandboxes import BaseSandbox, make_sandbox
+from areal_agents.sandboxes import BaseSandbox, ExecResult, make_sandbox
 
 ADD = UnitTests(
     tests=("assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 5) == 4"),
@@ -201,3 +201,43 @@ def test_mapping_references_work() -> None:
         ).reward
         == 1.0
     )
+
+
+def test_a_program_that_dies_during_a_call_is_an_error(sandbox: BaseSandbox) -> None:
+    code = "import os\ndef add(a, b):\n    if a == -1:\n        os._exit(3)\n    return a + b"
+    result = reward_in(sandbox, mode="fraction")(fenced(code), ADD)
+    assert (result.reward, result.status) == (0.0, "error"), result
+    assert "ended the test run" in result.details["error"]
+
+
+def test_calls_are_answered_in_one_sandbox_run(sandbox: BaseSandbox) -> None:
+    runs = []
+    real = sandbox.run_python
+
+    def counting(code: str, *, timeout: float = 10.0) -> ExecResult:
+        runs.append(1)
+        return real(code, timeout=timeout)
+
+    tests = UnitTests(  # a loop over random inputs: seeded alike in every judge round
+        tests="import random\nfor _ in range(50):\n    x = random.randint(0, 99)\n"
+        "    assert double(x) == 2 * x\n",
+    )
+    sandbox.run_python = counting  # type: ignore[method-assign]
+    try:
+        result = reward_in(sandbox)(fenced("def double(x):\n    return x * 2"), tests)
+    finally:
+        del sandbox.run_python
+    assert result.status == "correct" and len(runs) == 1
+
+
+def test_values_the_tests_cannot_send_fail_with_a_reason() -> None:
+    tests = UnitTests(tests=("assert apply(lambda x: x + 1, 1) == 2",), entry_point="apply")
+    result = UnitTestReward(backend="process")(fenced("def apply(f, x):\n    return f(x)"), tests)
+    assert result.status == "wrong" and "cannot be sent" in result.details["failures"][0]
+
+
+def test_classes_are_reported_as_unsupported() -> None:
+    tests = UnitTests(tests="c = Counter()\nassert c.total() == 0\n")
+    code = "class Counter:\n    def total(self):\n        return 0"
+    result = UnitTestReward(backend="process")(fenced(code), tests)
+    assert result.status == "wrong" and "not supported" in result.details["failures"][0]

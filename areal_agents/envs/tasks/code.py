@@ -85,7 +85,9 @@ def humaneval_tasks(path: str | None = None) -> ListTaskSource:
 
 def code_tasks_from_jsonl(path: str | Path) -> ListTaskSource:
     """Tasks from a JSONL file with ``prompt``, ``tests`` (a list of snippets or a test
-    program) and optionally ``entry_point``, ``id``/``task_id`` and ``preamble``."""
+    program) and optionally ``entry_point``, ``id``/``task_id`` and ``preamble``. The tests and
+    the preamble run on the host when a solution is graded (:mod:`areal_agents.rewards.code`):
+    use files you trust."""
     tasks = []
     for n, row in enumerate(read_jsonl(path, required=("prompt", "tests"))):
         tests = row["tests"]
