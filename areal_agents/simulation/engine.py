@@ -190,6 +190,7 @@ class _Sim:
         self.version = 0  # the servers' weights
         self.learner_busy = False  # training or pushing
         self.training = False
+        self.batch_may_be_ready = False  # a group completed or the learner became free
         self.step = 0
         self.step_ends: list[float] = []
         self.train_s = 0.0
@@ -223,7 +224,8 @@ class _Sim:
                 self.trained_done()
             else:
                 self.pushed()
-            self.try_train()
+            if self.batch_may_be_ready:
+                self.try_train()
         return self.result()
 
     # ---- generation ----------------------------------------------------------------------
@@ -233,7 +235,9 @@ class _Sim:
         rng = random.Random(ref.seed * 1_000_003 + (0 if ep.turns_shared_by_group else sample))
         turns = rng.choices(*self.turn_choices)[0]
         rng_tok = random.Random(ref.seed * 7_919 + sample)
-        return EpisodeShape(tuple(round(rng_tok.choices(*self.token_choices)[0]) for _ in range(turns)))
+        return EpisodeShape(
+            tuple(round(rng_tok.choices(*self.token_choices)[0]) for _ in range(turns))
+        )
 
     def admit(self) -> None:
         free = self.limit - self.in_flight
@@ -299,6 +303,7 @@ class _Sim:
             for i in range(self.cfg.group_size)
         ]
         self.buffer.complete(ep.group, trajectories)
+        self.batch_may_be_ready = True
         self.in_flight -= 1
         self.admit()
 
@@ -307,6 +312,7 @@ class _Sim:
     def try_train(self) -> None:
         if self.learner_busy or self.step >= self.cfg.steps:
             return
+        self.batch_may_be_ready = False
         batch = self.buffer.pop_batch()
         if batch is None:
             return
@@ -351,6 +357,7 @@ class _Sim:
         self.step_ends.append(self.now)
         self.buffer.set_version(self.step)
         self.learner_busy = False
+        self.batch_may_be_ready = True
         if self.step >= self.cfg.steps:
             self.buffer.close()
         else:
