@@ -135,7 +135,8 @@ def main() -> None:
             f"{r['run']:<14} {m['elapsed_s']:>8.1f} /{p['elapsed_s']:>8.1f} {e['elapsed_s']:>6.1f}%"
             f" {m['samples_per_s']:>10.4f} /{p['samples_per_s']:>9.4f} {e['samples_per_s']:>6.1f}%"
             f" {m['tokens_per_s']:>8.2f} /{p['tokens_per_s']:>8.2f} {e['tokens_per_s']:>6.1f}%"
-            f" {m['turns_mean']:>7.2f} /{p['turns_mean']:>6.2f}  {'yes' if r['within_15pct'] else 'NO'}"
+            f" {m['turns_mean']:>7.2f} /{p['turns_mean']:>6.2f}"
+            f"  {'yes' if r['within_15pct'] else 'NO'}"
         )
     ok = sum(r["within_15pct"] for r in rows)
     print(f"{ok} of {len(rows)} runs within 15% (wall time and samples/s)")

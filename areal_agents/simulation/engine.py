@@ -26,7 +26,7 @@ import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from areal_agents.errors import ConfigError
 from areal_agents.simulation.profile import Profile
@@ -34,7 +34,7 @@ from areal_agents.trainers.buffer import BatchOrder, TrajectoryBuffer
 from areal_agents.trainers.data import TaskRef
 from areal_agents.types import Trajectory
 
-__all__ = ["EpisodeShape", "SimConfig", "SimResult", "ShapeFn", "simulate"]
+__all__ = ["EpisodeShape", "ShapeFn", "SimConfig", "SimResult", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ class SimResult:
 
 
 class _Episode:
-    __slots__ = ("group", "server", "tokens", "turn", "first_version")
+    __slots__ = ("first_version", "group", "server", "tokens", "turn")
 
     def __init__(self, group: int, server: int, tokens: tuple[int, ...]) -> None:
         self.group = group
@@ -147,7 +147,7 @@ class _Episode:
 class _Server:
     """Processor sharing on a virtual clock: ``vclock`` grows by each request's share."""
 
-    __slots__ = ("vclock", "last_t", "rate", "heap", "epoch", "paused", "busy_s")
+    __slots__ = ("busy_s", "epoch", "heap", "last_t", "paused", "rate", "vclock")
 
     def __init__(self) -> None:
         self.vclock = 0.0
@@ -215,11 +215,11 @@ class _Sim:
             t, _, kind, payload = heapq.heappop(self.events)
             self.now = t
             if kind == _SERVER:
-                sid, epoch = payload  # type: ignore[misc]
+                sid, epoch = cast(tuple[int, int], payload)
                 if epoch == self.servers[sid].epoch:
                     self.server_event(sid)
             elif kind == _TURN:
-                self.start_turn(payload)  # type: ignore[arg-type]
+                self.start_turn(cast(_Episode, payload))
             elif kind == _TRAINED:
                 self.trained_done()
             else:
