@@ -7,7 +7,9 @@ prints trained tokens/s, samples/s, idle fractions and staleness::
     python -m areal_agents.simulate --profile gpu_h100_vllm_8b --servers 8 --learners 8 \\
         --groups-per-step 64 --group-size 8 --staleness 1,2,4,8 --steps 20
 
-``--profile`` takes a shipped profile's name (``--list`` prints them) or a YAML/JSON file.
+``--profile`` takes a shipped profile's name (``--list`` prints them) or a YAML/JSON file;
+``--from-run runs/NAME`` replaces its learner time, push time and tokens per turn with what
+that run's ``metrics.jsonl`` measured.
 """
 
 from __future__ import annotations
@@ -18,14 +20,25 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from areal_agents.simulation import SimConfig, available_profiles, load_profile, simulate
+from areal_agents.simulation import (
+    Profile,
+    SimConfig,
+    available_profiles,
+    load_profile,
+    profile_from_run,
+    simulate,
+)
 
 __all__ = ["main", "run_table"]
 
 
-def run_table(profile_name: str, base: SimConfig, staleness: Sequence[int]) -> list[dict[str, Any]]:
-    """Sync, then async at each bound in ``staleness``; one row per setting."""
-    profile = load_profile(profile_name)
+def run_table(
+    profile: str | Profile, base: SimConfig, staleness: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Sync, then async at each bound in ``staleness`` on ``profile`` (a name, a file or a
+    :class:`Profile`); one row per setting."""
+    if not isinstance(profile, Profile):
+        profile = load_profile(profile)
     rows: list[dict[str, Any]] = []
     settings = [("sync", 0)] + [("async", s) for s in staleness]
     sync_tps = 0.0
@@ -46,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--profile", default="cpu_2core_builtin", help="a shipped name or a file")
     p.add_argument("--list", action="store_true", help="print the shipped profiles and exit")
+    p.add_argument(
+        "--from-run",
+        default=None,
+        help="a run directory: its metrics.jsonl replaces the profile's learner time, push "
+        "time and tokens per turn",
+    )
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--learners", type=int, default=1)
     p.add_argument("--groups-per-step", type=int, default=2)
@@ -75,9 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
     )
     staleness = [int(s) for s in str(args.staleness).split(",") if s.strip()]
-    rows = run_table(args.profile, base, staleness)
+    profile = load_profile(args.profile)
+    if args.from_run:
+        profile = profile_from_run(args.from_run, profile)
+    rows = run_table(profile, base, staleness)
     print(
-        f"profile {args.profile}: {args.servers} server(s), {args.learners} learner(s), "
+        f"profile {profile.name}: {args.servers} server(s), {args.learners} learner(s), "
         f"{args.groups_per_step} groups x {args.group_size} per step, {args.steps} steps"
     )
     print(
@@ -93,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"profile": args.profile, "config": vars(args), "rows": rows}, f, indent=2)
+            json.dump({"profile": profile.name, "config": vars(args), "rows": rows}, f, indent=2)
     return 0
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from areal_agents.errors import ConfigError
@@ -14,6 +17,7 @@ from areal_agents.simulation import (
     SimConfig,
     available_profiles,
     load_profile,
+    profile_from_run,
     simulate,
 )
 
@@ -128,3 +132,28 @@ def test_command_line_prints_sync_and_async_rows(capsys: pytest.CaptureFixture[s
     assert [r[0] for r in rows] == ["sync", "async", "async"]
     assert rows[0][3] == "1.00x"
     assert all(float(r[1 if r[0] == "sync" else 2]) > 0 for r in rows)  # tokens/s
+
+
+def test_a_profile_from_a_runs_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # three steps: training takes 10 s + 0.01 s per token; pushes 1, 2, 3 s;
+    # 4 episodes of 3 turns each step: 600 tokens / 36 turns
+    rows = [
+        {
+            "time/train_s": 10 + 0.01 * tokens,
+            "time/sync_s": push,
+            "tokens/policy": tokens,
+            "episodes": 4,
+            "episode/turns_mean": 3.0,
+        }
+        for tokens, push in ((100, 1.0), (200, 2.0), (300, 3.0))
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = load_profile("cpu_2core_builtin")
+    p = profile_from_run(tmp_path, base)
+    assert p.learner.step_s == pytest.approx(10.0)
+    assert p.learner.token_s == pytest.approx(0.01)
+    assert p.push_s == pytest.approx(2.0)
+    assert p.episode.mean_tokens_per_turn == pytest.approx(600 / 36)
+    assert p.server == base.server and p.episode.turns == base.episode.turns
+    assert main(["--from-run", str(tmp_path), "--steps", "1", "--staleness", "1"]) == 0
+    assert f"+{tmp_path.name}" in capsys.readouterr().out
