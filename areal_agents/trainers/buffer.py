@@ -28,6 +28,11 @@ filtered groups release their slot.
   always fit (their deadline is the latest and the admission bound leaves a slot for them), so
   the bound stays strict; with ``η = 0`` both orders are the same.
 
+**Cost.** Admitted groups are kept indexed by deadline (a deadline never changes between
+admission and training), so :meth:`TrajectoryBuffer.pop_batch` decides from per-deadline counts
+and list ends: a call that finds no batch costs O(distinct deadlines), about ``η + 2``, however
+many episodes are in flight, and taking a batch costs O(G) (``benchmarks/buffer_scale.py``).
+
 The class is plain Python (tests use it directly); the trainer wraps it as a Ray actor.
 
 >>> buf = TrajectoryBuffer(groups_per_step=2, max_staleness=0)
@@ -345,9 +350,10 @@ class TrajectoryBuffer:
         return take
 
     def _feasible_after(self, taken: Mapping[int, int]) -> bool:
-        """:meth:`_feasible` on the counts: with ``taken[d]`` groups of deadline ``d`` taken
-        now, later batches filled earliest deadline first meet every deadline. Within a block
-        of equal deadlines the last group is trained latest, so only it needs checking."""
+        """Whether, with ``taken[d]`` groups of deadline ``d`` taken now, every group left
+        pending meets its deadline when later batches are filled earliest deadline first: the
+        ``k``-th of them (0-based, by deadline) is trained at step ``s + 1 + k // G``. Within a
+        block of equal deadlines the last group is trained latest, so only it is checked."""
         g = self.groups_per_step
         first = self.trained_groups // g + 1
         counts = {d: len(block) for d, block in self._by_deadline.items()}
@@ -413,14 +419,6 @@ class TrajectoryBuffer:
         out.update({i: group.admitted_version + eta for i, group in self._ready.items()})
         out.update({ref.index: self.version + eta for ref in self._redo})
         return out
-
-    def _feasible(self, deadlines: Mapping[int, int], taken: set[int]) -> bool:
-        """Whether every group but ``taken`` still meets its deadline after this step, with
-        the later batches filled earliest deadline first."""
-        g = self.groups_per_step
-        first = self.trained_groups // g + 1  # the step after the one being filled
-        rest = sorted(d for i, d in deadlines.items() if i not in taken)
-        return all(first + k // g <= d for k, d in enumerate(rest))
 
     def set_version(self, version: int) -> None:
         """Record the weight version now served by every inference server."""

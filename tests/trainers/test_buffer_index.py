@@ -20,7 +20,9 @@ def reference_head(buf: TrajectoryBuffer) -> list[int] | None:
         deadlines = buf.deadlines()
         urgent = sorted(deadlines, key=lambda i: (deadlines[i], i))
         head = [i for i in urgent if i in ready][:g]
-        if len(head) < g or not buf._feasible(deadlines, set(head)):
+        first = buf.trained_groups // g + 1  # the step after the one being filled
+        rest = sorted(d for i, d in deadlines.items() if i not in set(head))
+        if len(head) < g or not all(first + k // g <= d for k, d in enumerate(rest)):
             head = urgent[:g]
     if len(head) < g or any(i not in ready for i in head):
         return None
@@ -38,9 +40,11 @@ def test_pops_match_the_reference_rule_over_random_histories(order: BatchOrder, 
     buf = TrajectoryBuffer(3, eta, batch_order=order, dynamic_sampling=True)
     inflight: list[int] = []
     version = 0
-    pops = 0
+    pops = hold = 0
     for step in range(2000):
-        inflight += [ref.index for ref, _ in buf.admit(rng.randint(0, 4))]
+        hold -= 1
+        if hold <= 0:  # after a resume, the tasks to redo wait a while: pops must pass them
+            inflight += [ref.index for ref, _ in buf.admit(rng.randint(0, 4))]
         if inflight and rng.random() < 0.7:
             i = inflight.pop(rng.randrange(len(inflight)))
             kind = rng.random()
@@ -54,9 +58,31 @@ def test_pops_match_the_reference_rule_over_random_histories(order: BatchOrder, 
             pops += 1
             version += 1
             buf.set_version(version)
-        if step % 500 == 499:  # a resume: in-flight tasks become tasks to redo
+        if step % 250 == 249:  # a resume: in-flight tasks become tasks to redo
             state = buf.state_dict()
             buf = TrajectoryBuffer(3, eta, batch_order=order, dynamic_sampling=True)
             buf.load_state_dict(state)
-            inflight = []
+            inflight, hold = [], 40
     assert pops > 50  # the history did exercise the pops
+
+
+def test_a_task_to_redo_among_the_most_urgent_holds_the_batch() -> None:
+    # Step 5 (10 groups trained), staleness 1: ready groups 20 (deadline 5), 21-23 (deadline
+    # 6); task 19 is to redo (deadline 5 + 1 = 6). Taking the oldest complete [20, 21] would
+    # leave 19, 22, 23 for steps 6, 6, 7: 23 would miss deadline 6, so the batch must be the
+    # most urgent [20, 19] — and 19 has not run yet: no batch.
+    donor = TrajectoryBuffer(2, 1)
+    for i in range(19, 24):
+        donor.stream.cursor = i
+        (ref, _), *_ = donor.admit(1)
+        donor.set_version(4 if i == 20 else 5)
+        donor._inflight[i] = (ref, 4 if i == 20 else 5)
+        if i != 19:
+            donor.complete(i, traj(0.0) + traj(1.0))
+    state = donor.state_dict()
+    state.update(version=5, trained_groups=10)
+    buf = TrajectoryBuffer(2, 1)
+    buf.load_state_dict(state)
+    assert [r.index for r in buf._redo] == [19]
+    assert reference_head(buf) is None
+    assert buf.pop_batch() is None
