@@ -32,7 +32,8 @@ LAYERS: list[list[str]] = [
     ["rollout", "eval_viewer", "eval_config", "eval_summary", "preflight"],
     ["eval", "sandbox", "areal_agents"],
     ["trainers"],
-    ["train"],
+    ["simulation"],
+    ["train", "simulate"],
 ]
 
 

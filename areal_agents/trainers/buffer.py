@@ -28,6 +28,11 @@ filtered groups release their slot.
   always fit (their deadline is the latest and the admission bound leaves a slot for them), so
   the bound stays strict; with ``η = 0`` both orders are the same.
 
+**Cost.** Admitted groups are kept indexed by deadline (a deadline never changes between
+admission and training), so :meth:`TrajectoryBuffer.pop_batch` decides from per-deadline counts
+and list ends: a call that finds no batch costs O(distinct deadlines), about ``η + 2``, however
+many episodes are in flight, and taking a batch costs O(G) (``benchmarks/buffer_scale.py``).
+
 The class is plain Python (tests use it directly); the trainer wraps it as a Ray actor.
 
 >>> buf = TrajectoryBuffer(groups_per_step=2, max_staleness=0)
@@ -39,8 +44,11 @@ The class is plain Python (tests use it directly); the trainer wraps it as a Ray
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -171,6 +179,14 @@ class TrajectoryBuffer:
         self._redo: list[TaskRef] = []  # in flight at the last checkpoint: run these first
         self._inflight: dict[int, tuple[TaskRef, int]] = {}
         self._ready: dict[int, Group] = {}
+        # Indexes over the admitted groups (in flight or ready; not the tasks to redo), so that
+        # a pop costs O(G + distinct deadlines), not O(pending): every admitted index in order;
+        # by deadline (admitted version + eta, fixed from admission to the pop), all of them
+        # and the ready ones, each list sorted.
+        self._order: list[int] = []
+        self._by_deadline: dict[int, list[int]] = {}
+        self._ready_by_deadline: dict[int, list[int]] = {}
+        self._ready_order: list[int] = []
         self.counters: dict[str, int] = {
             "finished_episodes": 0,  # handed back with a trajectory (trained or filtered)
             "dropped_episodes": 0,  # dropped for infrastructure faults after their retries
@@ -196,6 +212,7 @@ class TrajectoryBuffer:
         for _ in range(min(max_tasks, self.capacity())):
             ref = self._redo.pop(0) if self._redo else self.stream.next()
             self._inflight[ref.index] = (ref, self.version)
+            self._index(ref.index, self.version + self.max_staleness)
             self.counters["admitted_groups"] += 1
             out.append((ref, self.version))
         return out
@@ -215,15 +232,20 @@ class TrajectoryBuffer:
         if entry is None:
             return "ignored"
         ref, version = entry
+        deadline = version + self.max_staleness
         self.counters["dropped_episodes"] += dropped_episodes
         self.counters["finished_episodes"] += len(trajectories)
         if not trajectories:
             self.counters["dropped_groups"] += 1
+            self._unindex(index, deadline)
             return "dropped"
         rewards = [t.reward for t in trajectories]
         if self.dynamic_sampling and len(set(rewards)) == 1:
             self.counters["filtered_groups"] += 1
+            self._unindex(index, deadline)
             return "filtered"
+        bisect.insort(self._ready_by_deadline.setdefault(deadline, []), index)
+        bisect.insort(self._ready_order, index)
         self._ready[index] = Group(
             task=ref,
             admitted_version=version,
@@ -249,20 +271,144 @@ class TrajectoryBuffer:
         trained by its deadline, else the ``G`` most urgent once complete (module docstring).
         """
         g = self.groups_per_step
-        if self.batch_order == "admission":
-            head = self.pending()[:g]
-        else:
-            deadlines = self.deadlines()
-            urgent = sorted(deadlines, key=lambda i: (deadlines[i], i))
-            head = [i for i in urgent if i in self._ready][:g]
-            if len(head) < g or not self._feasible(deadlines, set(head)):
-                head = urgent[:g]
-        if len(head) < g or any(i not in self._ready for i in head):
+        if len(self._ready) < g:  # a batch is G complete groups: not there yet
             return None
-        if head != self.pending()[:g]:
+        # Each branch decides from per-deadline counts and list ends (O(distinct deadlines))
+        # and builds the G indices only when it takes them.
+        if self.batch_order == "admission":
+            if not self._oldest_all_ready(g):
+                return None
+            head = self._oldest(g)
+        elif self._feasible_after(self._ready_take(g)):
+            head = self._ready_urgent(g)
+        elif self._urgent_all_ready(g):
+            head = self._urgent(g)
+        else:
+            return None
+        if head != self._oldest(g):
             self.counters["reordered_batches"] += 1
         self.trained_groups += g
-        return [self._ready.pop(i) for i in head]
+        out = [self._ready.pop(i) for i in head]
+        for group in out:
+            deadline = group.admitted_version + self.max_staleness
+            self._unindex(group.task.index, deadline)
+            _remove(self._ready_by_deadline, deadline, group.task.index)
+            del self._ready_order[bisect.bisect_left(self._ready_order, group.task.index)]
+        return out
+
+    # ---- the indexes behind pop_batch ------------------------------------------------------
+
+    def _index(self, index: int, deadline: int) -> None:
+        bisect.insort(self._order, index)
+        bisect.insort(self._by_deadline.setdefault(deadline, []), index)
+
+    def _unindex(self, index: int, deadline: int) -> None:
+        del self._order[bisect.bisect_left(self._order, index)]
+        _remove(self._by_deadline, deadline, index)
+
+    def _redo_indices(self) -> list[int]:
+        return sorted(r.index for r in self._redo)
+
+    def _oldest(self, n: int) -> list[int]:
+        """``pending()[:n]`` without building the whole list."""
+        if not self._redo:
+            return self._order[:n]
+        return list(itertools.islice(heapq.merge(self._order, self._redo_indices()), n))
+
+    def _urgent_iter(self) -> Iterator[int]:
+        """Pending indices by (deadline, index): the tasks to redo count as admitted now."""
+        redo_deadline = self.version + self.max_staleness
+        keys = set(self._by_deadline)
+        if self._redo:
+            keys.add(redo_deadline)
+        for d in sorted(keys):
+            block = self._by_deadline.get(d, [])
+            if self._redo and d == redo_deadline:
+                yield from heapq.merge(block, self._redo_indices())
+            else:
+                yield from block
+
+    def _urgent(self, n: int) -> list[int]:
+        return list(itertools.islice(self._urgent_iter(), n))
+
+    def _ready_urgent(self, n: int) -> list[int]:
+        """The ``n`` complete groups with the earliest (deadline, index)."""
+        out: list[int] = []
+        for d in sorted(self._ready_by_deadline):
+            out.extend(self._ready_by_deadline[d][: n - len(out)])
+            if len(out) >= n:
+                break
+        return out
+
+    def _ready_take(self, n: int) -> dict[int, int]:
+        """How many of :meth:`_ready_urgent` ``(n)`` each deadline holds (without the list)."""
+        take: dict[int, int] = {}
+        left = n
+        for d in sorted(self._ready_by_deadline):
+            if left == 0:
+                break
+            take[d] = min(left, len(self._ready_by_deadline[d]))
+            left -= take[d]
+        return take
+
+    def _feasible_after(self, taken: Mapping[int, int]) -> bool:
+        """Whether, with ``taken[d]`` groups of deadline ``d`` taken now, every group left
+        pending meets its deadline when later batches are filled earliest deadline first: the
+        ``k``-th of them (0-based, by deadline) is trained at step ``s + 1 + k // G``. Within a
+        block of equal deadlines the last group is trained latest, so only it is checked."""
+        g = self.groups_per_step
+        first = self.trained_groups // g + 1
+        counts = {d: len(block) for d, block in self._by_deadline.items()}
+        if self._redo:
+            d = self.version + self.max_staleness
+            counts[d] = counts.get(d, 0) + len(self._redo)
+        for d, n in taken.items():
+            counts[d] -= n
+        k = 0
+        for d in sorted(counts):
+            k += counts[d]
+            if counts[d] and first + (k - 1) // g > d:
+                return False
+        return True
+
+    def _redo_first(self) -> int | None:
+        """The smallest index to redo (``_redo`` is kept sorted: ``state_dict`` sorts it)."""
+        return self._redo[0].index if self._redo else None
+
+    def _oldest_all_ready(self, n: int) -> bool:
+        """Whether ``pending()[:n]`` are all complete: the ``n``-th oldest admitted group is
+        the ``n``-th oldest complete one, and no task to redo is older."""
+        if len(self._order) < n or len(self._ready_order) < n:
+            return False
+        redo = self._redo_first()
+        if redo is not None and redo < self._order[n - 1]:
+            return False
+        return self._ready_order[n - 1] == self._order[n - 1]
+
+    def _urgent_all_ready(self, n: int) -> bool:
+        """Whether the ``n`` most urgent pending groups are all complete (per deadline block:
+        its first ``m`` are complete iff the ``m``-th complete one is its ``m``-th)."""
+        redo_deadline = self.version + self.max_staleness
+        redo = self._redo_first()
+        keys = set(self._by_deadline)
+        if redo is not None:
+            keys.add(redo_deadline)
+        left = n
+        for d in sorted(keys):
+            block = self._by_deadline.get(d, [])
+            here = len(self._redo) if redo is not None and d == redo_deadline else 0
+            m = min(left, len(block) + here)
+            if m == 0:
+                continue
+            if here and (m > len(block) or block[m - 1] > redo):  # type: ignore[operator]
+                return False
+            ready = self._ready_by_deadline.get(d, [])
+            if len(ready) < m or ready[m - 1] != block[m - 1]:
+                return False
+            left -= m
+            if left == 0:
+                return True
+        return left == 0
 
     def deadlines(self) -> dict[int, int]:
         """The last step allowed to train each pending group (its admitted version + ``η``).
@@ -275,14 +421,6 @@ class TrajectoryBuffer:
         out.update({i: group.admitted_version + eta for i, group in self._ready.items()})
         out.update({ref.index: self.version + eta for ref in self._redo})
         return out
-
-    def _feasible(self, deadlines: Mapping[int, int], taken: set[int]) -> bool:
-        """Whether every group but ``taken`` still meets its deadline after this step, with
-        the later batches filled earliest deadline first."""
-        g = self.groups_per_step
-        first = self.trained_groups // g + 1  # the step after the one being filled
-        rest = sorted(d for i, d in deadlines.items() if i not in taken)
-        return all(first + k // g <= d for k, d in enumerate(rest))
 
     def set_version(self, version: int) -> None:
         """Record the weight version now served by every inference server."""
@@ -334,4 +472,18 @@ class TrajectoryBuffer:
         self._redo = [TaskRef(int(r["index"]), int(r["seed"])) for r in state["redo"]]
         self._inflight = {}
         self._ready = {int(g["task"]["index"]): Group.from_dict(g) for g in state["ready"]}
+        self._order, self._by_deadline, self._ready_by_deadline = [], {}, {}
+        self._ready_order = sorted(self._ready)
+        for i, group in sorted(self._ready.items()):
+            deadline = group.admitted_version + self.max_staleness
+            self._index(i, deadline)
+            self._ready_by_deadline.setdefault(deadline, []).append(i)
         self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
+
+
+def _remove(lists: dict[int, list[int]], key: int, index: int) -> None:
+    """Take ``index`` out of the sorted list ``lists[key]``; drop the list once empty."""
+    block = lists[key]
+    del block[bisect.bisect_left(block, index)]
+    if not block:
+        del lists[key]

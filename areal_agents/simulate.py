@@ -1,0 +1,123 @@
+"""``python -m areal_agents.simulate``: sync against async before you rent a cluster.
+
+Simulates the trainer's scheduling (its own buffer: admission, staleness bound, batch order) on
+a machine described by a profile, for sync and for async at each staleness bound asked, and
+prints trained tokens/s, samples/s, idle fractions and staleness::
+
+    python -m areal_agents.simulate --profile gpu_h100_vllm_8b --servers 8 --learners 8 \\
+        --groups-per-step 64 --group-size 8 --staleness 1,2,4,8 --steps 20
+
+``--profile`` takes a shipped profile's name (``--list`` prints them) or a YAML/JSON file;
+``--from-run runs/NAME`` replaces its learner time, push time and tokens per turn with what
+that run's ``metrics.jsonl`` measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from areal_agents.simulation import (
+    Profile,
+    SimConfig,
+    available_profiles,
+    load_profile,
+    profile_from_run,
+    simulate,
+)
+
+__all__ = ["main", "run_table"]
+
+
+def run_table(
+    profile: str | Profile, base: SimConfig, staleness: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Sync, then async at each bound in ``staleness`` on ``profile`` (a name, a file or a
+    :class:`Profile`); one row per setting."""
+    if not isinstance(profile, Profile):
+        profile = load_profile(profile)
+    rows: list[dict[str, Any]] = []
+    settings = [("sync", 0)] + [("async", s) for s in staleness]
+    sync_tps = 0.0
+    for mode, eta in settings:
+        cfg = SimConfig(**{**base.__dict__, "mode": mode, "max_staleness": eta})
+        res = simulate(profile, cfg)
+        if mode == "sync":
+            sync_tps = res.tokens_per_s
+        row = {"setting": "sync" if mode == "sync" else f"async s={eta}", **res.to_dict()}
+        row["vs_sync"] = round(res.tokens_per_s / sync_tps, 3) if sync_tps else 0.0
+        rows.append(row)
+    return rows
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m areal_agents.simulate", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--profile", default="cpu_2core_builtin", help="a shipped name or a file")
+    p.add_argument("--list", action="store_true", help="print the shipped profiles and exit")
+    p.add_argument(
+        "--from-run",
+        default=None,
+        help="a run directory: its metrics.jsonl replaces the profile's learner time, push "
+        "time and tokens per turn",
+    )
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--learners", type=int, default=1)
+    p.add_argument("--groups-per-step", type=int, default=2)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--concurrent-groups", type=int, default=None)
+    p.add_argument("--staleness", default="1,2,4", help="async bounds to try, comma-separated")
+    p.add_argument("--batch-order", choices=["ready", "admission"], default="ready")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list:
+        print("\n".join(available_profiles()))
+        return 0
+    base = SimConfig(
+        servers=args.servers,
+        learners=args.learners,
+        groups_per_step=args.groups_per_step,
+        group_size=args.group_size,
+        steps=args.steps,
+        concurrent_groups=args.concurrent_groups,
+        batch_order=args.batch_order,
+        seed=args.seed,
+    )
+    staleness = [int(s) for s in str(args.staleness).split(",") if s.strip()]
+    profile = load_profile(args.profile)
+    if args.from_run:
+        profile = profile_from_run(args.from_run, profile)
+    rows = run_table(profile, base, staleness)
+    print(
+        f"profile {profile.name}: {args.servers} server(s), {args.learners} learner(s), "
+        f"{args.groups_per_step} groups x {args.group_size} per step, {args.steps} steps"
+    )
+    print(
+        f"{'setting':<11} {'tok/s':>10} {'samples/s':>10} {'vs sync':>8} {'gen idle':>9} "
+        f"{'learn idle':>10} {'stale mean/max':>15} {'wall s':>10}"
+    )
+    for r in rows:
+        print(
+            f"{r['setting']:<11} {r['tokens_per_s']:>10.2f} {r['samples_per_s']:>10.4f} "
+            f"{r['vs_sync']:>7.2f}x {100 * r['generation_idle_frac']:>8.1f}% "
+            f"{100 * r['learner_idle_frac']:>9.1f}% "
+            f"{r['staleness_mean']:>9.2f} / {r['staleness_max']:<3} {r['elapsed_s']:>10.1f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"profile": profile.name, "config": vars(args), "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""A profile from a run's own metrics: what the learner, the push and the episodes cost there.
+
+``metrics.jsonl`` (one object per step, ``trainers/metrics.py``) gives, per step, the training
+time (``time/train_s``), the push (``time/sync_s``), the trained policy tokens
+(``tokens/policy``), the episodes and their mean turns. From those:
+
+- ``learner.step_s`` and ``learner.token_s``: least squares of training time on tokens (one
+  distinct token count: all of it is ``step_s``);
+- ``push_s``: the mean push;
+- ``episode.tokens_per_turn``: trained tokens / (episodes x mean turns).
+
+A step's metrics do not give the server's throughput at other concurrencies nor the length of
+single episodes, so ``server`` and ``episode.turns`` stay the ``base`` profile's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+from areal_agents.errors import ConfigError
+from areal_agents.files import read_jsonl
+from areal_agents.simulation.profile import LearnerProfile, Profile
+
+__all__ = ["profile_from_run"]
+
+_KEYS = ("time/train_s", "time/sync_s", "tokens/policy", "episodes", "episode/turns_mean")
+
+
+def profile_from_run(run_dir: str | Path, base: Profile) -> Profile:
+    """``base`` with the learner, push and tokens per turn measured in ``run_dir``."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = read_jsonl(path, required=_KEYS)
+    train = [float(r["time/train_s"]) for r in rows]
+    tokens = [float(r["tokens/policy"]) for r in rows]
+    turns = sum(float(r["episodes"]) * float(r["episode/turns_mean"]) for r in rows)
+    if turns <= 0:
+        raise ConfigError(f"{path}: no trained turns to derive a profile from")
+    if len(set(tokens)) > 1:
+        slope, intercept = statistics.linear_regression(tokens, train)
+        token_s, step_s = max(0.0, slope), max(0.0, intercept)
+        if slope < 0:  # noise: the time does not grow with tokens here
+            step_s = statistics.fmean(train)
+    else:
+        token_s, step_s = 0.0, statistics.fmean(train)
+    learner = LearnerProfile(step_s, token_s, base.learner.scaling_efficiency)
+    episode = dataclasses.replace(base.episode, tokens_per_turn={sum(tokens) / turns: 1.0})
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}+{Path(run_dir).name}",
+        learner=learner,
+        episode=episode,
+        push_s=statistics.fmean(float(r["time/sync_s"]) for r in rows),
+        sources={
+            **base.sources,
+            "learner": f"{path}: least squares of time/train_s on tokens/policy",
+            "push_s": f"{path}: mean time/sync_s",
+            "episode.tokens_per_turn": f"{path}: tokens/policy / (episodes x turns_mean)",
+        },
+    )

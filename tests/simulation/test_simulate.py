@@ -1,0 +1,159 @@
+"""The simulator's accounting on cases worked out by hand, its bounds, and its command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from areal_agents.errors import ConfigError
+from areal_agents.simulate import main
+from areal_agents.simulation import (
+    EpisodeProfile,
+    LearnerProfile,
+    Profile,
+    ServerProfile,
+    SimConfig,
+    available_profiles,
+    load_profile,
+    profile_from_run,
+    simulate,
+)
+
+# A machine simple enough to simulate on paper: each server makes 10 tokens/s whatever its load
+# (shared equally among its requests); every episode is one turn of 100 tokens; a step trains
+# in 4 s + 0.01 s per token (6 s for a batch of 2 x 100 tokens); a push takes 1 s and pauses
+# the servers.
+FLAT = Profile(
+    name="paper",
+    server=ServerProfile(concurrency=(1,), throughput=(10.0,)),
+    episode=EpisodeProfile(turns={1: 1.0}, tokens_per_turn={100.0: 1.0}),
+    learner=LearnerProfile(step_s=4.0, token_s=0.01),
+    push_s=1.0,
+)
+TWO_SERVERS = SimConfig(servers=2, groups_per_step=1, group_size=2, steps=3)
+
+
+def test_sync_is_generation_then_training_then_push_each_step() -> None:
+    # One group of 2 episodes per step, one on each server, each alone: 100 / 10 = 10 s.
+    # Then train 6 s, push 1 s: a step is 17 s, three steps 51 s, 3 x 200 tokens trained.
+    # Servers: busy 10 s generating + 1 s loading weights per step, idle 6 s (of 17).
+    # Learner: trains 6 s of every 17.
+    r = simulate(FLAT, SimConfig(**{**TWO_SERVERS.__dict__, "mode": "sync"}))
+    assert r.step_ends == pytest.approx([17.0, 34.0, 51.0])
+    assert r.elapsed_s == pytest.approx(51.0)
+    assert (r.trained_samples, r.trained_tokens) == (6, 600)
+    assert r.tokens_per_s == pytest.approx(600 / 51)
+    assert r.generation_idle_frac == pytest.approx(6 / 17)
+    assert r.learner_idle_frac == pytest.approx(11 / 17)
+    assert (r.staleness_mean, r.staleness_max) == (0.0, 0)
+
+
+def test_async_overlaps_generation_with_training_within_the_bound() -> None:
+    # Staleness 1, one group per step: the buffer admits 2 groups at once (4 episodes, 2 per
+    # server, 5 tok/s each): both groups finish at 20 s.
+    #   20-26 train group 0 (servers idle: the buffer is full), 26-27 push -> version 1.
+    #   27: group 2 admitted (alone on each server, 10 tok/s); 27-33 train group 1 (admitted
+    #       under version 0, trained at step 1: staleness 1); 33-34 push, servers paused.
+    #       Group 2 made 60 of its 100 tokens by 33.
+    #   34: version 2; group 3 admitted and shares the servers: group 2's last 40 tokens at
+    #       5 tok/s end at 42.  42-48 train group 2 (started under version 1, step 2:
+    #       staleness 1), 48-49 push.  3 steps in 49 s (sync: 51).
+    # Servers idle only 20-26 (6 s of 49); the learner trains 18 s of 49.
+    r = simulate(FLAT, SimConfig(**{**TWO_SERVERS.__dict__, "mode": "async", "max_staleness": 1}))
+    assert r.step_ends == pytest.approx([27.0, 34.0, 49.0])
+    assert r.trained_tokens == 600
+    assert r.generation_idle_frac == pytest.approx(6 / 49)
+    assert r.learner_idle_frac == pytest.approx(31 / 49)
+    assert r.staleness_mean == pytest.approx(2 / 3)
+    assert r.staleness_max == 1
+    # group 3, alone again from 42, makes its last 60 tokens by 48: generated but never trained
+    # (the run ends after step 3), so 4 groups x 200 tokens were generated
+    assert r.generated_tokens == 800
+
+
+def test_two_learners_halve_the_training_time_at_full_efficiency() -> None:
+    prof = Profile(
+        name="paper2",
+        server=FLAT.server,
+        episode=FLAT.episode,
+        learner=LearnerProfile(step_s=4.0, token_s=0.01, scaling_efficiency=1.0),
+        push_s=1.0,
+    )
+    # 10 s generation + 3 s training + 1 s push per step
+    r = simulate(prof, SimConfig(**{**TWO_SERVERS.__dict__, "mode": "sync", "learners": 2}))
+    assert r.elapsed_s == pytest.approx(3 * 14.0)
+
+
+@pytest.mark.parametrize("eta", [0, 1, 3, 6])
+@pytest.mark.parametrize("order", ["ready", "admission"])
+def test_staleness_never_exceeds_the_bound(eta: int, order: str) -> None:
+    prof = load_profile("cpu_2core_builtin")  # a long tail of turns: 2 to 13
+    cfg = SimConfig(
+        mode="async" if eta else "sync",
+        max_staleness=eta,
+        servers=3,
+        groups_per_step=4,
+        group_size=3,
+        steps=12,
+        batch_order=order,  # type: ignore[arg-type]
+    )
+    r = simulate(prof, cfg)
+    assert r.steps == 12 and r.trained_samples == 12 * 4 * 3
+    assert r.staleness_max <= eta
+    assert 0.0 <= r.generation_idle_frac <= 1.0 and 0.0 <= r.learner_idle_frac <= 1.0
+    # the learner's busy time is exactly the training time
+    assert (1.0 - r.learner_idle_frac) * r.elapsed_s == pytest.approx(r.train_s)
+
+
+def test_server_throughput_is_interpolated_between_measured_points() -> None:
+    s = ServerProfile(concurrency=(2, 4, 8), throughput=(20.0, 30.0, 50.0))
+    assert s.tokens_per_s(0) == 0.0
+    assert s.tokens_per_s(1) == pytest.approx(10.0)  # proportional below the first point
+    assert s.tokens_per_s(3) == pytest.approx(25.0)
+    assert s.tokens_per_s(6) == pytest.approx(40.0)
+    assert s.tokens_per_s(100) == pytest.approx(50.0)  # flat above the last
+
+
+def test_shipped_profiles_load_and_unknown_ones_fail_with_the_list() -> None:
+    assert {"cpu_2core_builtin", "gpu_h100_vllm_8b"} <= set(available_profiles())
+    for name in available_profiles():
+        p = load_profile(name)
+        assert p.sources, f"{name} must say where its numbers come from"
+    with pytest.raises(ConfigError, match="cpu_2core_builtin"):
+        load_profile("no_such_profile")
+
+
+def test_command_line_prints_sync_and_async_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--profile", "cpu_2core_builtin", "--steps", "2", "--staleness", "1,2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["sync", "async", "async"]
+    assert rows[0][3] == "1.00x"
+    assert all(float(r[1 if r[0] == "sync" else 2]) > 0 for r in rows)  # tokens/s
+
+
+def test_a_profile_from_a_runs_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # three steps: training takes 10 s + 0.01 s per token; pushes 1, 2, 3 s;
+    # 4 episodes of 3 turns each step: 600 tokens / 36 turns
+    rows = [
+        {
+            "time/train_s": 10 + 0.01 * tokens,
+            "time/sync_s": push,
+            "tokens/policy": tokens,
+            "episodes": 4,
+            "episode/turns_mean": 3.0,
+        }
+        for tokens, push in ((100, 1.0), (200, 2.0), (300, 3.0))
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = load_profile("cpu_2core_builtin")
+    p = profile_from_run(tmp_path, base)
+    assert p.learner.step_s == pytest.approx(10.0)
+    assert p.learner.token_s == pytest.approx(0.01)
+    assert p.push_s == pytest.approx(2.0)
+    assert p.episode.mean_tokens_per_turn == pytest.approx(600 / 36)
+    assert p.server == base.server and p.episode.turns == base.episode.turns
+    assert main(["--from-run", str(tmp_path), "--steps", "1", "--staleness", "1"]) == 0
+    assert f"+{tmp_path.name}" in capsys.readouterr().out
