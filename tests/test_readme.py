@@ -90,6 +90,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     (r"areal_agents\.train .*env=remote:", "run", "one tiny training run (then a re-run)"),
     (r"areal_agents\.train ", "check", "minutes each; the tiny run above covers the trainer"),
     (r"areal_agents\.eval ", "run", "tiny: 2 episodes of 16 tokens per turn"),
+    (r"areal_agents\.simulate ", "run", "seconds: the time is simulated"),
 ]
 
 # The servers the later commands and snippets talk to, started from the docs' own commands.
@@ -449,6 +450,8 @@ def _check_output(command: Command, stdout: str) -> None:
         assert stdout == "2\n"
     elif "sandbox doctor" in command.text:
         assert "backend='auto' picks" in stdout
+    elif "areal_agents.simulate" in command.text:
+        assert "sync " in stdout and "async s=8" in stdout and "vs sync" in stdout
 
 
 def _train_twice(command: Command, first_run: Started, cwd: Path) -> None:
