@@ -257,12 +257,22 @@ def wait_for_batch(
             raise AgentsError("a rollout worker stopped while the trainer still needs data")
         polls += 1
         if polls % 25 == 0:  # show that generation is moving while the learner waits
-            stats = ray.get(buffer.stats.remote())
-            bar.set_postfix_str(
-                f"generating: {int(stats['buffer/ready'])} groups ready, "
-                f"{int(stats['buffer/in_flight'])} in flight"
-            )
+            bar.set_postfix_str(waiting_postfix(ray.get(buffer.stats.remote())))
         time.sleep(poll_s)
+
+
+def waiting_postfix(stats: dict[str, float]) -> str:
+    """The progress bar's note while the learner waits for a batch.
+
+    >>> waiting_postfix({"buffer/ready": 0, "buffer/in_flight": 0})
+    'starting: no group admitted yet (servers and rollout workers loading)'
+    >>> waiting_postfix({"buffer/ready": 1, "buffer/in_flight": 3})
+    'generating: 1 groups ready, 3 in flight'
+    """
+    ready, in_flight = int(stats["buffer/ready"]), int(stats["buffer/in_flight"])
+    if ready == 0 and in_flight == 0:
+        return "starting: no group admitted yet (servers and rollout workers loading)"
+    return f"generating: {ready} groups ready, {in_flight} in flight"
 
 
 def step_metrics(
