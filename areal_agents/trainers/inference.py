@@ -137,6 +137,18 @@ class _RemoteServer:
             timeout=timeout,
         )
 
+    def update_adapter(
+        self, adapter: Mapping[str, Any], scaling: float, version: int, timeout: float
+    ) -> None:
+        self._call(
+            "update_adapter",
+            timeout + 30,
+            adapter=adapter,
+            scaling=scaling,
+            version=version,
+            timeout=timeout,
+        )
+
     def weight_version(self) -> int:
         return int(self._call("weight_version", wait_s=60))
 

@@ -42,6 +42,7 @@ from areal_agents.trainers.checkpoint import capture_rng, restore_rng
 from areal_agents.trainers.config import ModelConfig, TrainerConfig
 from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.filters import shape_batch
+from areal_agents.trainers.lora import adapter_state, adapters_disabled, apply_lora, merged_state
 from areal_agents.trainers.losses import aggregation_normalizer, compute_policy_loss
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
 from areal_agents.types import Trajectory
@@ -129,9 +130,12 @@ class Learner:
         model = load_policy(path, spec.model.dtype, spec.model.gradient_checkpointing)
         self.config = model.config
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self.lora = spec.model.lora if spec.model.lora.enabled else None
+        if self.lora is not None:  # only the adapters train (trainers/lora.py)
+            apply_lora(model, self.lora)
         model.to(self.device)
         self.model = fsdp.shard_model(model, decoder_layers(model))
-        self.optimizer = self._adamw(self.model.parameters())
+        self.optimizer = self._adamw([p for p in self.model.parameters() if p.requires_grad])
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: _lr_factor(cfg, s)
         )
@@ -139,12 +143,13 @@ class Learner:
             critic = ValueModel(path, spec.model.dtype).to(self.device)
             self.critic = fsdp.shard_model(critic, critic.layers)  # type: ignore[assignment]
             self.critic_optimizer = self._adamw(critic.parameters())
-        if self.needs.reference:
+        if self.needs.reference and self.lora is None:  # with LoRA: the adapters switched off
             ref = load_policy(path, spec.model.dtype).to(self.device)
             ref.requires_grad_(False)
             self.ref = fsdp.shard_model(ref, decoder_layers(ref))
         return {
             "params": sum(p.numel() for p in model.parameters()),
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "device": str(self.device),
             "torch_threads": torch.get_num_threads(),
         }
@@ -238,9 +243,12 @@ class Learner:
                 )
                 local["proximal_logprobs"].append((mb_rows, logprobs.float().cpu()))
             if wanted["ref_logprobs"]:
-                logprobs = sequence_logprobs(
-                    self._forward(self.ref, mb), sequence_ids, self.spec.temperature
-                )
+                if self.ref is None:  # LoRA: the reference is the base, adapters off
+                    with adapters_disabled(self.model):
+                        ref_logits = self._forward(self.model, mb)
+                else:
+                    ref_logits = self._forward(self.ref, mb)
+                logprobs = sequence_logprobs(ref_logits, sequence_ids, self.spec.temperature)
                 local["ref_logprobs"].append((mb_rows, logprobs.float().cpu()))
             if wanted["old_values"]:
                 assert self.critic is not None
@@ -358,8 +366,17 @@ class Learner:
     # ---- weights and checkpoints -----------------------------------------------------------
 
     def full_state(self) -> dict[str, Any]:
-        """The policy's full state dict on rank 0 (``{}`` on others). Collective."""
-        return fsdp.full_model_state(self.model)
+        """The policy's full state dict on rank 0 (``{}`` on others), under the base model's
+        names (with LoRA: adapters merged in). Collective."""
+        state = fsdp.full_model_state(self.model)
+        if self.lora is None or not state:
+            return state
+        return merged_state(state, self.lora.scaling)
+
+    def adapter_state(self) -> dict[str, Any]:
+        """The LoRA adapter (PEFT names, whole tensors on every rank): what a push sends.
+        Collective."""
+        return adapter_state(self.model)
 
     def export_weights(self, directory: str) -> None:
         """Write the policy as a Hugging Face directory (rank 0) for the inference servers.
@@ -382,7 +399,8 @@ class Learner:
         Collective."""
         out = Path(directory)
         state: dict[str, Any] = {
-            "model": fsdp.full_model_state(self.model),
+            # with LoRA only the adapters: the base is the model directory
+            "model": fsdp.full_model_state(self.model, trainable_only=self.lora is not None),
             "optimizer": fsdp.full_optimizer_state(self.model, self.optimizer),
         }
         if self.critic is not None:
@@ -407,7 +425,11 @@ class Learner:
         if self.spec.rank == 0:
             state = torch.load(src / "learner.pt", map_location="cpu", weights_only=False)
         fsdp.load_full_state(
-            self.model, self.optimizer, state.get("model", {}), state.get("optimizer", {})
+            self.model,
+            self.optimizer,
+            state.get("model", {}),
+            state.get("optimizer", {}),
+            trainable_only=self.lora is not None,
         )
         if self.critic is not None:
             fsdp.load_full_state(
