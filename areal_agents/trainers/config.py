@@ -396,6 +396,13 @@ class TrainConfig:
                 f"{self.inference.max_tokens}: the penalty zone must fit in one turn; lower "
                 "algo.overlong_buffer or raise inference.max_tokens"
             )
+        if self.model.lora.enabled and self.inference.engine != "builtin":
+            raise ConfigError(
+                f"model.lora.r={self.model.lora.r} with inference.engine={self.inference.engine}: "
+                "adapter pushes are wired for the built-in server only (vLLM's run-time adapter "
+                "loading needs the rollout clients to name the adapter); use inference=builtin "
+                "or model.lora.r=0"
+            )
         groupwise = get_advantage_estimator(self.algo.advantage).groupwise
         if groupwise and self.env.group_size < 2:
             raise ConfigError(

@@ -311,3 +311,66 @@ def test_r_alpha_dropout_and_target_modules_do_what_they_say() -> None:
         "v_proj",
         "o_proj",
     )
+
+
+# ---- the trainer's push ----------------------------------------------------------------------
+
+
+class _AdapterLearners:
+    """Learners whose full weights must not be asked for: LoRA pushes send the adapter."""
+
+    def __init__(self, adapter: dict[str, torch.Tensor]) -> None:
+        self.adapter = adapter
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        return self.adapter
+
+    def export_weights(self, directory: Path) -> None:
+        raise AssertionError("a LoRA push wrote the full weights")
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        raise AssertionError("a LoRA push gathered the full weights")
+
+
+class _AdapterServer:
+    base_url = "http://127.0.0.1:1/v1"
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.pushed: list[tuple[dict[str, torch.Tensor], float]] = []
+
+    def update_adapter(self, adapter: Any, scaling: float, version: int, timeout: float) -> None:
+        self.pushed.append((dict(adapter), scaling))
+        self.version = version
+
+    def weight_version(self) -> int:
+        return self.version
+
+
+def test_weight_sync_pushes_only_the_adapter_with_its_scaling(tmp_path: Path) -> None:
+    from areal_agents.trainers.config import InferenceConfig, TrainConfig
+    from areal_agents.trainers.inference import WeightSync
+
+    adapter = learner().adapter_state()
+    servers = [_AdapterServer(), _AdapterServer()]
+    lora = LoraConfig(r=R, alpha=32.0)
+    for weight_sync in ("disk", "state_dict"):
+        sync = WeightSync(InferenceConfig(weight_sync=weight_sync), servers, tmp_path, lora=lora)  # type: ignore[arg-type]
+        sync.push(_AdapterLearners(adapter), 1 if weight_sync == "disk" else 2)
+    assert [s.version for s in servers] == [2, 2]
+    for payload, scaling in servers[0].pushed:
+        assert set(payload) == set(adapter) and scaling == 32.0 / R
+    assert list(tmp_path.iterdir()) == []  # nothing written to disk
+    from areal_agents.errors import WeightSyncError
+
+    class NoAdapters(_AdapterServer):
+        update_adapter = None  # type: ignore[assignment]
+
+    with pytest.raises(WeightSyncError, match="no LoRA adapter push"):
+        WeightSync(InferenceConfig(), [NoAdapters()], tmp_path, lora=lora).push(  # type: ignore[list-item]
+            _AdapterLearners(adapter), 3
+        )
+    with pytest.raises(ConfigError, match=r"model\.lora\.r=8 with inference\.engine=vllm"):
+        TrainConfig(
+            model=ModelConfig(name="tiny", lora=lora), inference=InferenceConfig(engine="vllm")
+        )
