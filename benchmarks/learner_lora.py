@@ -105,16 +105,14 @@ def _run(
     )
 
 
-def compare(
-    model: str, r: int, rows: int, seq_len: int, steps: int, pushes: int
-) -> dict[str, Any]:
+def compare(model: str, r: int, rows: int, seq_len: int, steps: int, pushes: int) -> dict[str, Any]:
     """Full fine-tuning (``r=0``) and LoRA rank ``r``, each in a fresh process."""
+    from learner import synthetic_batch
     from transformers import AutoConfig
 
     from areal_agents.net import free_port
     from areal_agents.serving.server import BuiltinServer
     from areal_agents.trainers.modeling import resolve_model_dir
-    from learner import synthetic_batch
 
     model_dir = str(resolve_model_dir(model))
     vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
