@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from areal_agents.errors import ConfigError
+from areal_agents.errors import ConfigError, WeightSyncError
 from areal_agents.net import free_port
 from areal_agents.serving.adapters import PEFT_PREFIX, adapter_modules, save_adapter_dir
 from areal_agents.trainers.algorithms import AlgoConfig
@@ -361,7 +361,6 @@ def test_weight_sync_pushes_only_the_adapter_with_its_scaling(tmp_path: Path) ->
     for payload, scaling in servers[0].pushed:
         assert set(payload) == set(adapter) and scaling == 32.0 / R
     assert list(tmp_path.iterdir()) == []  # nothing written to disk
-    from areal_agents.errors import WeightSyncError
 
     class NoAdapters(_AdapterServer):
         update_adapter = None  # type: ignore[assignment]
@@ -374,3 +373,39 @@ def test_weight_sync_pushes_only_the_adapter_with_its_scaling(tmp_path: Path) ->
         TrainConfig(
             model=ModelConfig(name="tiny", lora=lora), inference=InferenceConfig(engine="vllm")
         )
+
+
+def test_vllm_adapter_push_writes_a_peft_directory_and_loads_it_in_place(tmp_path: Path) -> None:
+    """The requests only (no vLLM process: the CPU build takes a minute to start)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from areal_agents.serving.vllm import VLLMServer
+
+    adapter = learner().adapter_state()
+    server = VLLMServer(str(tiny_model_path()), served_model_name="policy")
+    sent: list[tuple[str, str, Any]] = []
+
+    def record(method: str, route: str, timeout: float, **kwargs: Any) -> None:
+        if route == "/v1/load_lora_adapter":  # vLLM reads the directory while loading
+            path = Path(kwargs["json"]["lora_path"])
+            config = json.loads((path / "adapter_config.json").read_text())
+            assert (config["r"], config["lora_alpha"]) == (R, 2.0 * R)
+            assert config["target_modules"] == ["k_proj", "o_proj", "q_proj", "v_proj"]
+            assert set(load_file(str(path / "adapter_model.safetensors"))) == set(adapter)
+        sent.append((method, route, kwargs.get("json")))
+
+    server._request = record  # type: ignore[method-assign]
+    for version in (1, 2):
+        server.update_adapter(adapter, 2.0, version)
+    assert [r for _, r, _ in sent] == ["/v1/load_lora_adapter", "/update_weight_version"] * 2
+    load = sent[2][2]
+    assert load["lora_name"] == "policy-lora" and load["load_inplace"] is True
+    assert Path(load["lora_path"]).name == "v000002"
+    assert sent[3][2] == {"new_version": "2"}
+    assert server._version == 2
+    assert not Path(sent[0][2]["lora_path"]).exists()  # only the served adapter is kept
+    with pytest.raises(WeightSyncError, match="must increase"):
+        server.update_adapter(adapter, 2.0, 2)
+    server.stop()
