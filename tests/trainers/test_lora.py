@@ -43,12 +43,21 @@ def _port() -> int:
     return free_port()
 
 
-def learner(r: int = R, algo: AlgoConfig | None = None, seed: int = 0, **lora: Any) -> Learner:
+def learner(
+    r: int = R,
+    algo: AlgoConfig | None = None,
+    seed: int = 0,
+    gradient_checkpointing: bool = False,
+    **lora: Any,
+) -> Learner:
+    model = ModelConfig(
+        name="tiny", gradient_checkpointing=gradient_checkpointing, lora=LoraConfig(r=r, **lora)
+    )
     spec = LearnerSpec(
         model_dir=str(tiny_model_path()),
         algo=algo or AlgoConfig.from_name("grpo"),
         trainer=TrainerConfig(lr=1e-2, groups_per_step=2, seed=seed),
-        model=ModelConfig(name="tiny", lora=LoraConfig(r=r, **lora)),
+        model=model,
         temperature=1.0,
         rank=0,
         world_size=1,
@@ -104,8 +113,11 @@ def optimizer_numel(lrn: Learner) -> int:
 # ---- training --------------------------------------------------------------------------------
 
 
-def test_a_step_changes_only_the_adapter_and_the_optimizer_holds_only_it() -> None:
-    lrn = learner()
+@pytest.mark.parametrize("gradient_checkpointing", [False, True])
+def test_a_step_changes_only_the_adapter_and_the_optimizer_holds_only_it(
+    gradient_checkpointing: bool,
+) -> None:
+    lrn = learner(gradient_checkpointing=gradient_checkpointing)
     before = named(lrn)
     lp_before = logprobs(lrn, batch())
     lrn.train_step(batch())
