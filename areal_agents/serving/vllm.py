@@ -222,7 +222,12 @@ class VLLMServer(ServerProcess):
             raise WeightSyncError(
                 f"vLLM {route} answered {response.status_code}: {response.text[:500]}"
             )
-        return response.json() if response.content else None
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:  # /v1/load_lora_adapter answers in plain text
+            return response.text
 
     def served_shapes(self) -> dict[str, tuple[int, ...]]:
         """Tensor name -> shape of the checkpoint the server was started from."""
