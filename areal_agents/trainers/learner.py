@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from areal_agents.errors import ConfigError
 from areal_agents.net import free_port
 from areal_agents.trainers import fsdp
 from areal_agents.trainers.advantages import RunningBaseline, compute_advantages
@@ -39,7 +40,7 @@ from areal_agents.trainers.batching import (
     split_minibatches,
 )
 from areal_agents.trainers.checkpoint import capture_rng, restore_rng
-from areal_agents.trainers.config import ModelConfig, TrainerConfig
+from areal_agents.trainers.config import LoraConfig, ModelConfig, TrainerConfig
 from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.filters import shape_batch
 from areal_agents.trainers.lora import adapter_state, adapters_disabled, apply_lora, merged_state
@@ -89,6 +90,13 @@ def _lr_factor(cfg: TrainerConfig, step: int) -> float:
     if cfg.lr_schedule == "linear":
         return 1.0 - progress
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _lora_shape(lora: LoraConfig | None) -> dict[str, Any] | None:
+    """What a checkpoint's adapter depends on (None: full fine-tuning)."""
+    if lora is None:
+        return None
+    return {"r": lora.r, "alpha": lora.alpha, "target_modules": sorted(lora.target_modules)}
 
 
 class Learner:
@@ -411,7 +419,11 @@ class Learner:
         if self.spec.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             torch.save(state, out / "learner.pt")
-            schedule = {"scheduler": self.scheduler.state_dict(), "step": self.step}
+            schedule = {
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+                "lora": _lora_shape(self.lora),
+            }
             if self.baseline is not None:
                 schedule["baseline"] = self.baseline.state_dict()
             torch.save(schedule, out / "schedule.pt")
@@ -421,6 +433,13 @@ class Learner:
     def load_checkpoint(self, directory: str) -> int:
         """Undo :meth:`save_checkpoint` (any number of ranks may load it). Collective."""
         src = Path(directory)
+        schedule = torch.load(src / "schedule.pt", map_location="cpu", weights_only=False)
+        saved, now = schedule.get("lora"), _lora_shape(self.lora)
+        if saved != now:  # checked on every rank, before any collective
+            raise ConfigError(
+                f"the checkpoint in {src} was trained with model.lora={saved}, this run has "
+                f"model.lora={now}: resume with the same model.lora keys"
+            )
         state: dict[str, Any] = {}
         if self.spec.rank == 0:
             state = torch.load(src / "learner.pt", map_location="cpu", weights_only=False)
@@ -438,7 +457,6 @@ class Learner:
                 state.get("critic", {}),
                 state.get("critic_optimizer", {}),
             )
-        schedule = torch.load(src / "schedule.pt", map_location="cpu", weights_only=False)
         self.scheduler.load_state_dict(schedule["scheduler"])
         self.step = int(schedule["step"])
         if self.baseline is not None and "baseline" in schedule:

@@ -195,6 +195,8 @@ def test_resume_restores_the_adapter_and_its_optimizer_exactly(tmp_path: Path) -
     assert set(got) == set(expected)
     for k in expected:
         assert torch.equal(got[k], expected[k]), k
+    with pytest.raises(ConfigError, match=r"resume with the same model\.lora keys"):
+        learner(r=4).load_checkpoint(str(tmp_path / "ckpt"))
 
 
 # ---- the built-in server ---------------------------------------------------------------------
