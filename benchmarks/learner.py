@@ -15,6 +15,9 @@
 
     python benchmarks/learner.py --json benchmarks/results/learner.json
     python benchmarks/learner.py --model tiny --rows 4 --seq-len 64 --steps 1 --no-push   # smoke
+
+3. **LoRA** (``--lora R``): full fine-tuning against LoRA rank ``R`` — peak memory, optimizer
+   state, step and push time (``benchmarks/learner_lora.py``).
 """
 
 from __future__ import annotations
@@ -342,6 +345,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--push-repeats", type=int, default=3)
     parser.add_argument("--no-push", action="store_true")
     parser.add_argument("--vllm", action="store_true", help="also push to a vLLM server")
+    parser.add_argument(
+        "--lora", type=int, default=0, help="also compare full fine-tuning with LoRA of this rank"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
@@ -366,6 +372,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if not args.no_push:
         print(f"weight push latency (model={args.model}, {args.push_repeats} pushes):", flush=True)
         result["push"] = push_latency(args.model, args.push_repeats, args.vllm)
+    if args.lora:
+        from learner_lora import compare
+
+        print(f"full fine-tuning vs LoRA r={args.lora} (model={args.model}):", flush=True)
+        result["lora"] = compare(
+            args.model, args.lora, args.rows, args.seq_len, args.steps, args.push_repeats
+        )
     write_json(args.json, result)
     return result
 

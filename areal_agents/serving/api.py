@@ -5,7 +5,8 @@ OpenAI routes speak the same fields as vLLM's OpenAI server, including its exten
 and token-id prompts on ``/v1/completions``. Every response carries the serving weight version
 (``weight_version`` in the body, ``X-Weight-Version`` header). Training routes: ``/pause``,
 ``/resume``, ``/weight_version``, ``/update_weights_from_disk`` (JSON ``{"path", "version"}``)
-and ``/update_weights?version=N`` (a safetensors-serialised state dict as the request body).
+and ``/update_weights?version=N`` (a safetensors-serialised state dict as the request body; with
+``&scaling=S`` the body is a LoRA adapter, merged onto the base weights: ``serving/adapters.py``).
 ``stream=true`` answers with server-sent events (:mod:`areal_agents.serving.streaming`).
 """
 
@@ -429,7 +430,9 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         return {"status": "ok", "weight_version": engine.weight_version}
 
     @app.post("/update_weights")
-    async def update_in_memory(request: Request, version: int) -> dict[str, Any]:
+    async def update_in_memory(
+        request: Request, version: int, scaling: float | None = None
+    ) -> dict[str, Any]:
         from safetensors.torch import load as load_safetensors
 
         data = await request.body()
@@ -440,7 +443,10 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
                 400, f"body is not a safetensors state dict: {e}", "WeightSyncError"
             ) from None
         try:
-            await asyncio.to_thread(engine.update_weights, state, version)
+            if scaling is None:
+                await asyncio.to_thread(engine.update_weights, state, version)
+            else:  # a LoRA adapter merged onto the kept base (serving/adapters.py)
+                await asyncio.to_thread(engine.update_adapter, state, scaling, version)
         except WeightSyncError as e:
             raise APIError(400, str(e), "WeightSyncError") from None
         return {"status": "ok", "weight_version": engine.weight_version}

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from areal_agents.errors import ConfigError, WeightSyncError
+from areal_agents.serving.adapters import AdapterMerger
 
 __all__ = ["Engine", "GenerationRequest", "GenerationResult"]
 
@@ -157,6 +158,7 @@ class Engine:
         self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids))
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._version = 0
+        self._adapter = AdapterMerger()  # the base weights under a LoRA adapter
         self.decode_steps = 0
         """Forward passes run so far (a progress counter for monitoring and tests)."""
         self._queue: deque[_Row] = deque()
@@ -219,6 +221,21 @@ class Engine:
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace the model's weights in place (all names and shapes checked first)."""
+        self._replace(state, version)
+        self._adapter.forget()  # these weights are the base of any later adapter
+
+    def update_adapter(
+        self, adapter: Mapping[str, torch.Tensor], scaling: float, version: int
+    ) -> None:
+        """Serve the base weights plus the LoRA ``adapter`` (PEFT names, see
+        :mod:`areal_agents.serving.adapters`) as ``version``; the previous adapter is replaced."""
+        if not adapter:
+            raise WeightSyncError("no tensors in the adapter update")
+        weights = dict(self.model.state_dict())
+        merged = self._adapter.merged(weights, adapter, scaling)
+        self._replace(merged, version)
+
+    def _replace(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         # state_dict names include tied aliases (lm_head.weight of a tied model), as trainers send.
         params: dict[str, torch.Tensor] = dict(self.model.state_dict(keep_vars=True))
         problems = []

@@ -67,6 +67,20 @@ class BuiltinServerClient:
             headers=headers,
         )
 
+    def update_adapter(
+        self,
+        adapter: Mapping[str, torch.Tensor],
+        scaling: float,
+        version: int,
+        timeout: float = 120.0,
+    ) -> None:
+        """Send a LoRA ``adapter`` (PEFT names) in memory; the server serves its base weights
+        plus ``scaling * B @ A`` as ``version`` (:mod:`areal_agents.serving.adapters`)."""
+        data = state_dict_to_bytes(adapter)
+        headers = {"content-type": "application/octet-stream"}
+        params = {"version": int(version), "scaling": float(scaling)}
+        self._post("/update_weights", timeout, params=params, content=data, headers=headers)
+
     def weight_version(self) -> int:
         try:
             response = httpx.get(f"{self.root_url}/weight_version", timeout=10.0)

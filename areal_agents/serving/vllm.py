@@ -15,12 +15,17 @@ in-memory state dict is written to a temporary directory and reloaded from there
 transfer, ``/init_weight_transfer_engine`` + ``/update_weights``, is the GPU path and is not
 driven from here yet). Every call has a timeout and raises
 :class:`~areal_agents.errors.WeightSyncError` instead of hanging.
+
+LoRA: :meth:`VLLMServer.update_adapter` writes a PEFT adapter directory and loads it at run time
+(``/v1/load_lora_adapter``, in place) under ``adapter_name``; the server needs ``--enable-lora
+--max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Any, Self
 from areal_agents.errors import DependencyError, WeightSyncError
 from areal_agents.net import free_port
 from areal_agents.policies.templates import TOOL_TEMPLATE_PATH
+from areal_agents.serving.adapters import adapter_modules, load_lora_request, save_adapter_dir
 from areal_agents.serving.model import DEFAULT_MODEL_NAME, resolve_model
 from areal_agents.serving.process import ServerProcess, send_request
 from areal_agents.serving.weights import check_shapes, checkpoint_shapes
@@ -140,6 +146,9 @@ class VLLMServer(ServerProcess):
         self._log: IO[bytes] | None = None
         self._shapes: dict[str, tuple[int, ...]] | None = None
         self._version = 0
+        self._adapter_root: Path | None = None
+        self.adapter_name = f"{self.served_model_name}-lora"
+        """The ``model`` name under which a pushed LoRA adapter is served."""
 
     # ---- process -------------------------------------------------------------------------
 
@@ -198,6 +207,8 @@ class VLLMServer(ServerProcess):
     def stop(self, timeout: float = 30.0) -> None:
         """Terminate the server and its engine processes (SIGTERM, then SIGKILL)."""
         super().stop(timeout)
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)
 
     # ---- weight sync ---------------------------------------------------------------------
 
@@ -211,7 +222,12 @@ class VLLMServer(ServerProcess):
             raise WeightSyncError(
                 f"vLLM {route} answered {response.status_code}: {response.text[:500]}"
             )
-        return response.json() if response.content else None
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:  # /v1/load_lora_adapter answers in plain text
+            return response.text
 
     def served_shapes(self) -> dict[str, tuple[int, ...]]:
         """Tensor name -> shape of the checkpoint the server was started from."""
@@ -277,3 +293,40 @@ class VLLMServer(ServerProcess):
         with tempfile.TemporaryDirectory(prefix="areal-weights-") as tmp:
             save_file(tensors, str(Path(tmp) / "model.safetensors"))
             self.update_weights_from_disk(tmp, version, timeout=timeout)
+
+    def update_adapter(
+        self,
+        adapter: Mapping[str, torch.Tensor],
+        scaling: float,
+        version: int,
+        timeout: float = 120.0,
+    ) -> None:
+        """Load the LoRA ``adapter`` (PEFT names) as ``adapter_name`` and serve it as ``version``.
+
+        The server must have been started with ``--enable-lora --max-lora-rank R`` and
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; generations that name ``adapter_name`` use it
+        (requests for ``served_model_name`` keep the base). Each push replaces the adapter in
+        place (:func:`~areal_agents.serving.adapters.load_lora_request`)."""
+        modules = adapter_modules(adapter)
+        if not modules:
+            raise WeightSyncError("no tensors in the adapter update")
+        if version <= self._version:
+            raise WeightSyncError(
+                f"weight version must increase: got {version}, serving {self._version}"
+            )
+        r = int(next(iter(modules.values()))[0].shape[0])
+        targets = sorted({name.rsplit(".", 1)[-1] for name in modules})
+        if self._adapter_root is None:
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="areal-adapters-"))
+        # vLLM may read the files again after evicting the adapter: keep the one it serves
+        target = self._adapter_root / f"v{version:06d}"
+        save_adapter_dir(
+            adapter, target, r=r, alpha=scaling * r, target_modules=targets, base_model=""
+        )
+        route, body = load_lora_request(self.adapter_name, target)
+        self._request("POST", route, timeout, json=body)
+        self._request("POST", "/update_weight_version", timeout, json={"new_version": str(version)})
+        self._version = int(version)
+        for old in self._adapter_root.iterdir():
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)

@@ -32,6 +32,7 @@ __all__ = [
     "EnvConfig",
     "InferenceConfig",
     "LogConfig",
+    "LoraConfig",
     "ModelConfig",
     "RayConfig",
     "TrainConfig",
@@ -81,6 +82,44 @@ class EnvConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA: train low-rank adapters on some linear layers instead of every weight."""
+
+    r: int = 0
+    """Adapter rank (0: LoRA off, full fine-tuning)."""
+    alpha: float = 16.0
+    """Scaling numerator: the update is ``B @ A * alpha / r``."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input while training (0 keeps log-probs reproducible)."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Names of the linear layers that get an adapter (matched on the last name component)."""
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "model.lora")
+        if self.r < 0:
+            raise ConfigError(f"model.lora.r={self.r}: must be 0 (off) or a positive rank")
+        if self.r > 0 and self.alpha <= 0:
+            raise ConfigError(f"model.lora.alpha={self.alpha}: must be positive")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout={self.dropout}: must be in [0, 1)")
+        if self.r > 0 and not self.target_modules:
+            raise ConfigError(
+                "model.lora.target_modules is empty: name the linear layers to adapt, "
+                "e.g. model.lora.target_modules=[q_proj,v_proj]"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether LoRA is on (``r > 0``)."""
+        return self.r > 0
+
+    @property
+    def scaling(self) -> float:
+        """``alpha / r``, the factor on ``B @ A``."""
+        return self.alpha / self.r if self.r else 0.0
+
+
+@dataclass
 class ModelConfig:
     """The policy model that is trained and served."""
 
@@ -96,6 +135,9 @@ class ModelConfig:
     tools, else ``chatml_tools``), ``chatml_tools`` (areal_agents' ChatML template with Hermes
     tool calls), ``trl`` (TRL's training version of the model's template) or a Jinja file.
     Checked at start-up: it must be prefix-preserving over multi-turn tool dialogues."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (``model.lora.r=16``); off by default. Only the adapter is trained,
+    checkpointed and pushed to the servers."""
 
     @classmethod
     def from_name(cls, name: str) -> ModelConfig:
@@ -353,6 +395,13 @@ class TrainConfig:
                 f"algo.overlong_buffer={self.algo.overlong_buffer} exceeds inference.max_tokens="
                 f"{self.inference.max_tokens}: the penalty zone must fit in one turn; lower "
                 "algo.overlong_buffer or raise inference.max_tokens"
+            )
+        if self.model.lora.enabled and self.inference.engine != "builtin":
+            raise ConfigError(
+                f"model.lora.r={self.model.lora.r} with inference.engine={self.inference.engine}: "
+                "adapter pushes are wired for the built-in server only (vLLM's run-time adapter "
+                "loading needs the rollout clients to name the adapter); use inference=builtin "
+                "or model.lora.r=0"
             )
         groupwise = get_advantage_estimator(self.algo.advantage).groupwise
         if groupwise and self.env.group_size < 2:

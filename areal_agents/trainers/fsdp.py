@@ -68,9 +68,15 @@ def shard_model(model: nn.Module, layers: list[nn.Module]) -> nn.Module:
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def full_model_state(model: nn.Module) -> dict[str, Any]:
-    """The whole model's parameters on rank 0 (CPU tensors); ``{}`` on other ranks."""
-    return get_model_state_dict(model, options=_FULL)
+def full_model_state(model: nn.Module, *, trainable_only: bool = False) -> dict[str, Any]:
+    """The whole model's parameters on rank 0 (CPU tensors); ``{}`` on other ranks.
+    ``trainable_only``: only parameters that require gradients (LoRA adapters)."""
+    if not trainable_only:
+        return get_model_state_dict(model, options=_FULL)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    state = get_model_state_dict(model, options=options)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in state.items() if k in trainable}  # a tied head is not trainable
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -83,9 +89,14 @@ def load_full_state(
     optimizer: torch.optim.Optimizer | None,
     model_state: dict[str, Any],
     optimizer_state: dict[str, Any] | None,
+    *,
+    trainable_only: bool = False,
 ) -> None:
-    """Load full state dicts held by rank 0 (other ranks pass ``{}``) into a sharded model."""
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    """Load full state dicts held by rank 0 (other ranks pass ``{}``) into a sharded model.
+    ``trainable_only``: ``model_state`` holds only the trainable parameters (the rest stay)."""
+    options = StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True, strict=not trainable_only
+    )
     set_model_state_dict(model, model_state, options=options)
     if optimizer is not None and optimizer_state is not None:
         set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)

@@ -14,6 +14,8 @@ safetensors directory (``weight_sync=disk``) or hands over its state dict
 (``weight_sync=state_dict``); a server that fails or does not answer in time raises
 :class:`~areal_agents.errors.WeightSyncError`, never a silent hang. The servers interrupt the
 generations in flight, swap the weights and continue them, tagging new tokens with ``v``.
+With ``model.lora.r > 0`` a push sends only the LoRA adapter; each server merges it onto the
+base weights it keeps (:mod:`areal_agents.serving.adapters`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from areal_agents.errors import WeightSyncError
 from areal_agents.serving.base import InferenceServer
 from areal_agents.serving.engines import get_engine
-from areal_agents.trainers.config import InferenceConfig
+from areal_agents.trainers.config import InferenceConfig, LoraConfig
 from areal_agents.trainers.runtime import remote_class
 
 __all__ = [
@@ -137,6 +139,18 @@ class _RemoteServer:
             timeout=timeout,
         )
 
+    def update_adapter(
+        self, adapter: Mapping[str, Any], scaling: float, version: int, timeout: float
+    ) -> None:
+        self._call(
+            "update_adapter",
+            timeout + 30,
+            adapter=adapter,
+            scaling=scaling,
+            version=version,
+            timeout=timeout,
+        )
+
     def weight_version(self) -> int:
         return int(self._call("weight_version", wait_s=60))
 
@@ -194,6 +208,18 @@ def stop_servers(servers: list[InferenceServer]) -> None:
             logger.warning("stopping an inference server failed", exc_info=True)
 
 
+def _adapter_push(server: InferenceServer, scaling: float) -> Callable[..., None]:
+    """``server``'s LoRA adapter update as ``fn(adapter, version, timeout)``."""
+    update = getattr(server, "update_adapter", None)
+    if update is None:
+        raise WeightSyncError(f"the server at {server.base_url} takes no LoRA adapter push")
+
+    def push(adapter: Mapping[str, Any], version: int, timeout: float) -> None:
+        update(adapter, scaling, version, timeout)
+
+    return push
+
+
 class WeightSync:
     """Pushes each new version from the learners to every server, with a time limit.
 
@@ -202,9 +228,15 @@ class WeightSync:
     """
 
     def __init__(
-        self, cfg: InferenceConfig, servers: list[InferenceServer], weights_dir: Path
+        self,
+        cfg: InferenceConfig,
+        servers: list[InferenceServer],
+        weights_dir: Path,
+        lora: LoraConfig | None = None,
     ) -> None:
         self.cfg = cfg
+        self.lora = lora if lora is not None and lora.enabled else None
+        """With LoRA on, each push sends only the adapter (the servers keep the base)."""
         self.servers = servers
         self.weights_dir = weights_dir
         self.last_push_s = 0.0
@@ -216,12 +248,14 @@ class WeightSync:
         """Send version ``version`` to every server; returns the seconds it took."""
         start = time.perf_counter()
         timeout = self.cfg.weight_sync_timeout_s
-        if self.cfg.weight_sync == "disk":
+        calls: list[tuple[Callable[..., None], Any]]
+        if self.lora is not None:  # the adapter only, merged by each server onto its base
+            adapter, scaling = learners.adapter_state(), self.lora.scaling
+            calls = [(_adapter_push(s, scaling), adapter) for s in self.servers]
+        elif self.cfg.weight_sync == "disk":
             target = self.weights_dir / f"v{version:06d}"
             learners.export_weights(target)
-            calls: list[tuple[Callable[..., None], Any]] = [
-                (s.update_weights_from_disk, str(target)) for s in self.servers
-            ]
+            calls = [(s.update_weights_from_disk, str(target)) for s in self.servers]
         else:
             state = learners.full_state()
             calls = [(s.update_weights_from_state_dict, state) for s in self.servers]
@@ -246,7 +280,7 @@ class WeightSync:
         if any(v != version for v in served):
             raise WeightSyncError(f"pushed weight version {version} but the servers serve {served}")
         self.served_versions = served
-        if self.cfg.weight_sync == "disk":
+        if self.cfg.weight_sync == "disk" and self.lora is None:
             for old in self.weights_dir.glob("v*"):
                 if old.name != f"v{version:06d}":
                     shutil.rmtree(old, ignore_errors=True)

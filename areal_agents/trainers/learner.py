@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from areal_agents.errors import ConfigError
 from areal_agents.net import free_port
 from areal_agents.trainers import fsdp
 from areal_agents.trainers.advantages import RunningBaseline, compute_advantages
@@ -39,9 +40,10 @@ from areal_agents.trainers.batching import (
     split_minibatches,
 )
 from areal_agents.trainers.checkpoint import capture_rng, restore_rng
-from areal_agents.trainers.config import ModelConfig, TrainerConfig
+from areal_agents.trainers.config import LoraConfig, ModelConfig, TrainerConfig
 from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.filters import shape_batch
+from areal_agents.trainers.lora import adapter_state, adapters_disabled, apply_lora, merged_state
 from areal_agents.trainers.losses import aggregation_normalizer, compute_policy_loss
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
 from areal_agents.types import Trajectory
@@ -90,6 +92,13 @@ def _lr_factor(cfg: TrainerConfig, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def _lora_shape(lora: LoraConfig | None) -> dict[str, Any] | None:
+    """What a checkpoint's adapter depends on (None: full fine-tuning)."""
+    if lora is None:
+        return None
+    return {"r": lora.r, "alpha": lora.alpha, "target_modules": sorted(lora.target_modules)}
+
+
 class Learner:
     """One rank of the FSDP2 learner."""
 
@@ -129,9 +138,12 @@ class Learner:
         model = load_policy(path, spec.model.dtype, spec.model.gradient_checkpointing)
         self.config = model.config
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self.lora = spec.model.lora if spec.model.lora.enabled else None
+        if self.lora is not None:  # only the adapters train (trainers/lora.py)
+            apply_lora(model, self.lora)
         model.to(self.device)
         self.model = fsdp.shard_model(model, decoder_layers(model))
-        self.optimizer = self._adamw(self.model.parameters())
+        self.optimizer = self._adamw([p for p in self.model.parameters() if p.requires_grad])
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: _lr_factor(cfg, s)
         )
@@ -139,12 +151,13 @@ class Learner:
             critic = ValueModel(path, spec.model.dtype).to(self.device)
             self.critic = fsdp.shard_model(critic, critic.layers)  # type: ignore[assignment]
             self.critic_optimizer = self._adamw(critic.parameters())
-        if self.needs.reference:
+        if self.needs.reference and self.lora is None:  # with LoRA: the adapters switched off
             ref = load_policy(path, spec.model.dtype).to(self.device)
             ref.requires_grad_(False)
             self.ref = fsdp.shard_model(ref, decoder_layers(ref))
         return {
             "params": sum(p.numel() for p in model.parameters()),
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "device": str(self.device),
             "torch_threads": torch.get_num_threads(),
         }
@@ -238,9 +251,12 @@ class Learner:
                 )
                 local["proximal_logprobs"].append((mb_rows, logprobs.float().cpu()))
             if wanted["ref_logprobs"]:
-                logprobs = sequence_logprobs(
-                    self._forward(self.ref, mb), sequence_ids, self.spec.temperature
-                )
+                if self.ref is None:  # LoRA: the reference is the base, adapters off
+                    with adapters_disabled(self.model):
+                        ref_logits = self._forward(self.model, mb)
+                else:
+                    ref_logits = self._forward(self.ref, mb)
+                logprobs = sequence_logprobs(ref_logits, sequence_ids, self.spec.temperature)
                 local["ref_logprobs"].append((mb_rows, logprobs.float().cpu()))
             if wanted["old_values"]:
                 assert self.critic is not None
@@ -358,8 +374,17 @@ class Learner:
     # ---- weights and checkpoints -----------------------------------------------------------
 
     def full_state(self) -> dict[str, Any]:
-        """The policy's full state dict on rank 0 (``{}`` on others). Collective."""
-        return fsdp.full_model_state(self.model)
+        """The policy's full state dict on rank 0 (``{}`` on others), under the base model's
+        names (with LoRA: adapters merged in). Collective."""
+        state = fsdp.full_model_state(self.model)
+        if self.lora is None or not state:
+            return state
+        return merged_state(state, self.lora.scaling)
+
+    def adapter_state(self) -> dict[str, Any]:
+        """The LoRA adapter (PEFT names, whole tensors on every rank): what a push sends.
+        Collective."""
+        return adapter_state(self.model)
 
     def export_weights(self, directory: str) -> None:
         """Write the policy as a Hugging Face directory (rank 0) for the inference servers.
@@ -382,7 +407,8 @@ class Learner:
         Collective."""
         out = Path(directory)
         state: dict[str, Any] = {
-            "model": fsdp.full_model_state(self.model),
+            # with LoRA only the adapters: the base is the model directory
+            "model": fsdp.full_model_state(self.model, trainable_only=self.lora is not None),
             "optimizer": fsdp.full_optimizer_state(self.model, self.optimizer),
         }
         if self.critic is not None:
@@ -393,7 +419,11 @@ class Learner:
         if self.spec.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             torch.save(state, out / "learner.pt")
-            schedule = {"scheduler": self.scheduler.state_dict(), "step": self.step}
+            schedule = {
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+                "lora": _lora_shape(self.lora),
+            }
             if self.baseline is not None:
                 schedule["baseline"] = self.baseline.state_dict()
             torch.save(schedule, out / "schedule.pt")
@@ -403,11 +433,22 @@ class Learner:
     def load_checkpoint(self, directory: str) -> int:
         """Undo :meth:`save_checkpoint` (any number of ranks may load it). Collective."""
         src = Path(directory)
+        schedule = torch.load(src / "schedule.pt", map_location="cpu", weights_only=False)
+        saved, now = schedule.get("lora"), _lora_shape(self.lora)
+        if saved != now:  # checked on every rank, before any collective
+            raise ConfigError(
+                f"the checkpoint in {src} was trained with model.lora={saved}, this run has "
+                f"model.lora={now}: resume with the same model.lora keys"
+            )
         state: dict[str, Any] = {}
         if self.spec.rank == 0:
             state = torch.load(src / "learner.pt", map_location="cpu", weights_only=False)
         fsdp.load_full_state(
-            self.model, self.optimizer, state.get("model", {}), state.get("optimizer", {})
+            self.model,
+            self.optimizer,
+            state.get("model", {}),
+            state.get("optimizer", {}),
+            trainable_only=self.lora is not None,
         )
         if self.critic is not None:
             fsdp.load_full_state(
@@ -416,7 +457,6 @@ class Learner:
                 state.get("critic", {}),
                 state.get("critic_optimizer", {}),
             )
-        schedule = torch.load(src / "schedule.pt", map_location="cpu", weights_only=False)
         self.scheduler.load_state_dict(schedule["scheduler"])
         self.step = int(schedule["step"])
         if self.baseline is not None and "baseline" in schedule:

@@ -65,6 +65,10 @@ class LearnerGroup:
     def full_state(self) -> dict[str, Any]:
         return dict(self._all("full_state"))
 
+    def adapter_state(self) -> dict[str, Any]:
+        """The LoRA adapter (PEFT names): what a push sends with ``model.lora.r > 0``."""
+        return dict(self._all("adapter_state"))
+
     def save_checkpoint(self, directory: Path) -> None:
         self._all("save_checkpoint", directory=str(directory))
 

@@ -96,7 +96,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "learner": learners.info["torch_threads"],
             "servers": server_torch_threads(servers),
         }
-        sync = WeightSync(cfg.inference, servers, run_dir / "weights")
+        sync = WeightSync(cfg.inference, servers, run_dir / "weights", lora=cfg.model.lora)
         step, elapsed_before = 0, 0.0
         if resume_from is not None:
             step = learners.load_checkpoint(resume_from / "learner")
