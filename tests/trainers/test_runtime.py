@@ -1,4 +1,5 @@
-"""A local run's Ray: its own instance, on loopback, quiet, and gone 10 s after ``kill -9``.
+"""A local run's Ray: its own instance, on loopback, quiet, gone 10 s after ``kill -9``, and
+its session directory removed.
 
 Each test runs a real driver (``start_ray`` + one actor) in a child process, with Ray's temp
 directory pointing at a fresh folder that holds a stale "current cluster" record — the
@@ -51,9 +52,11 @@ DRIVER = textwrap.dedent(
     )
     print(json.dumps({"tree": tree, "listening": listening, "actor": actor_pid}), flush=True)
     if sys.argv[1] == "stop":
+        sessions = len([p for p in os.listdir(os.environ["RAY_TMPDIR"] + "/ray")
+                        if p.startswith("session_2")])
         stop_ray()
         left = [p.pid for p in me.children(recursive=True) if p.status() != "zombie"]
-        print(json.dumps({"left": left}), flush=True)
+        print(json.dumps({"left": left, "sessions": sessions}), flush=True)
     else:
         time.sleep(600)
     """
@@ -136,6 +139,14 @@ def test_kill_9_of_the_driver_leaves_no_ray_process_10_s_later(ray_tmp: Path) ->
     err = driver.stderr.read()
     assert "Token authentication" not in err  # no warning printed
     assert "existing cluster" not in err
+    while sessions := _sessions(ray_tmp):  # the reaper removes it once the processes are gone
+        if time.monotonic() > deadline + 10:
+            pytest.fail(f"session directory left after kill -9 of the driver: {sessions}")
+        time.sleep(0.2)
+
+
+def _sessions(ray_tmp: Path) -> list[str]:
+    return sorted(p.name for p in (ray_tmp / "ray").iterdir() if p.name.startswith("session"))
 
 
 def test_stop_ray_leaves_no_process_behind(ray_tmp: Path) -> None:
@@ -144,5 +155,7 @@ def test_stop_ray_leaves_no_process_behind(ray_tmp: Path) -> None:
     assert driver.returncode == 0, err
     first, last = (json.loads(line) for line in out.splitlines()[:2])
     assert last["left"] == []
+    assert last["sessions"] == 1  # the run did have a session directory
     assert _alive(first["tree"]) == []
+    assert _sessions(ray_tmp) == []  # ... and stop_ray removed it (and session_latest)
     assert "Token authentication" not in err
