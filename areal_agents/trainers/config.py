@@ -287,8 +287,8 @@ class RayConfig:
     """Where processes run: a local Ray instance (default) or an existing cluster."""
 
     address: str | None = None
-    """Attach to a running cluster (``auto`` or ``ray://host:port``); None starts a local one
-    bound to 127.0.0.1."""
+    """Attach to a running cluster (``HOST:PORT`` of the head's GCS, ``auto`` or
+    ``ray://HOST:PORT``); None starts a local one bound to 127.0.0.1."""
     num_cpus: int | None = None
     """CPUs of the local instance (None: all of this machine's)."""
     actor_cpus: float = 0.0
@@ -297,6 +297,9 @@ class RayConfig:
     """GPUs per learner rank (1 on GPU clusters; selects NCCL)."""
     object_store_mb: int = 256
     """Object store size of a local instance."""
+    connect_timeout_s: float = 30.0
+    """With ``ray.address``: how long to wait for the cluster's head to accept a connection
+    before failing with what to check (Ray itself would retry for minutes)."""
 
     def __post_init__(self) -> None:
         check_numbers(self, "ray")
