@@ -117,6 +117,28 @@ def attach_ray(cfg: RayConfig, runtime_env: dict[str, Any]) -> None:
     ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING, **kwargs)
 
 
-def spread(on_cluster: bool) -> dict[str, Any]:
-    """Actor options that spread a group of actors over the cluster's nodes (none locally)."""
-    return {"scheduling_strategy": "SPREAD"} if on_cluster else {}
+def spread(on_cluster: bool, index: int, cpus: float = 0.0, gpus: float = 0.0) -> dict[str, Any]:
+    """Actor options that put the ``index``-th actor of a group on the cluster's nodes in turn.
+
+    Locally: none. On a cluster: node ``index % n`` of the ``n`` alive nodes that have ``cpus``
+    CPUs and ``gpus`` GPUs in all (sorted by node id, so that every group walks the nodes in
+    the same order), as a hard node affinity; Ray's ``SPREAD`` when no node has them. Ray's
+    ``SPREAD`` and a soft affinity were tried first: both put two CPU-less actors on the same
+    node of two.
+    """
+    if not on_cluster:
+        return {}
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = sorted(
+        n["NodeID"]
+        for n in ray.nodes()
+        if n.get("Alive")
+        and n.get("Resources", {}).get("CPU", 0.0) >= cpus
+        and n.get("Resources", {}).get("GPU", 0.0) >= gpus
+    )
+    if not nodes:
+        return {"scheduling_strategy": "SPREAD"}
+    node = nodes[index % len(nodes)]
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)}

@@ -238,8 +238,12 @@ class InferenceConfig:
     """Time limit of one generation request."""
     startup_timeout_s: float = 600.0
     """Time a server may take to answer its health check."""
-    weight_sync: Literal["disk", "state_dict"] = "disk"
-    """How weights travel: a safetensors checkpoint on shared disk, or tensors over HTTP."""
+    weight_sync: Literal["auto", "disk", "state_dict", "object_store"] = "auto"
+    """How weights travel: ``disk`` (a safetensors checkpoint under the run directory: needs a
+    disk the servers share), ``state_dict`` (tensors in an HTTP body), ``object_store``
+    (built-in server: Ray's object store, then node-local shared memory; no shared disk) or
+    ``auto`` (``disk`` on a local run, ``object_store`` attached to a cluster with the built-in
+    server)."""
     weight_sync_timeout_s: float = 300.0
     """Time limit of one weight push; beyond it the run fails with WeightSyncError."""
     gpus_per_server: float = 0.0
@@ -251,6 +255,12 @@ class InferenceConfig:
     ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in its environment); None leaves the inherited
     setting (torch takes at most as many as the cores it sees from these variables). vLLM's
     CPU threads are set by its own ``VLLM_CPU_OMP_THREADS_BIND`` instead."""
+
+    def resolved_weight_sync(self, on_cluster: bool) -> str:
+        """``weight_sync`` with ``auto`` resolved for a local run or a cluster."""
+        if self.weight_sync != "auto":
+            return self.weight_sync
+        return "object_store" if on_cluster and self.engine == "builtin" else "disk"
 
     def __post_init__(self) -> None:
         check_numbers(self, "inference")
@@ -264,6 +274,11 @@ class InferenceConfig:
             raise ConfigError(
                 f"inference.torch_threads does not apply to inference.engine={self.engine}: "
                 f"{engine.torch_threads_note} (drop inference.torch_threads)"
+            )
+        if self.weight_sync == "object_store" and self.engine != "builtin":
+            raise ConfigError(
+                f"inference.weight_sync=object_store needs inference.engine=builtin (got "
+                f"{self.engine}); use weight_sync=disk with a shared disk"
             )
         if self.num_servers < 1:
             raise ConfigError(f"inference.num_servers={self.num_servers}: must be at least 1")

@@ -61,6 +61,5 @@ def test_the_timeout_must_be_positive() -> None:
         RayConfig(connect_timeout_s=0)
 
 
-def test_spread_only_on_a_cluster() -> None:
-    assert spread(True) == {"scheduling_strategy": "SPREAD"}
-    assert spread(False) == {}
+def test_spread_changes_nothing_on_a_local_run() -> None:
+    assert spread(False, 3) == {}
