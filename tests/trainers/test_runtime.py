@@ -50,7 +50,9 @@ DRIVER = textwrap.dedent(
         {(p.name(), c.laddr.ip) for p in me.children(recursive=True)
          for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
     )
-    print(json.dumps({"tree": tree, "listening": listening, "actor": actor_pid}), flush=True)
+    gcs = ray.get_runtime_context().gcs_address
+    print(json.dumps({"tree": tree, "listening": listening, "actor": actor_pid, "gcs": gcs}),
+          flush=True)
     if sys.argv[1] == "stop":
         sessions = len([p for p in os.listdir(os.environ["RAY_TMPDIR"] + "/ray")
                         if p.startswith("session_2")])
@@ -159,3 +161,37 @@ def test_stop_ray_leaves_no_process_behind(ray_tmp: Path) -> None:
     assert _alive(first["tree"]) == []
     assert _sessions(ray_tmp) == []  # ... and stop_ray removed it (and session_latest)
     assert "Token authentication" not in err
+
+
+def test_a_live_ray_start_is_not_attached_to(ray_tmp: Path) -> None:
+    """``ray start`` left running (its record names a live cluster): a local run still starts
+    its own instance instead of attaching to it (or failing on num_cpus)."""
+    from areal_agents.net import free_port
+    from areal_agents.trainers.ray_reaper import sweep
+
+    port = free_port()
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    ray_bin = Path(sys.executable).with_name("ray")
+    started = subprocess.run(
+        [str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+         "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats",
+         f"--object-store-memory={80 * 2**20}"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    head_session = (ray_tmp / "ray" / "session_latest").resolve()
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        record = (ray_tmp / "ray" / "ray_current_cluster").read_text()
+        assert record.strip().endswith(f":{port}")  # the record names the live cluster
+        driver = _driver("stop", ray_tmp)
+        out, err = driver.communicate(timeout=180)
+        assert driver.returncode == 0, err
+        first = json.loads(out.splitlines()[0])
+        assert not first["gcs"].endswith(f":{port}")  # its own instance
+        assert "existing cluster" not in err
+        assert head_session.is_dir()  # the run's clean-up left the other cluster's session
+    finally:  # end the processes `ray start` began (by pid: those holding its session open)
+        for _ in range(5):
+            if not sweep("no-token", str(head_session), {os.getpid()}):
+                break
+            time.sleep(0.5)
