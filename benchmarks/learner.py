@@ -301,16 +301,16 @@ def _push_rounds(server: Any, model_dir: str, repeats: int, in_memory: bool) -> 
 
 
 def _object_store_push(server: Any, state: dict[str, Any], version: int) -> float:
-    """Seconds of one ``weight_sync=object_store`` push: the learner's ``ray.put`` (a Ray
-    actor's return value goes through the same path), then the server side's ``ray.get``, the
-    shared-memory copy and the server's load (:func:`areal_agents.trainers.object_store.push_ref`).
-    """
+    """Seconds of one ``weight_sync=object_store`` push: the learner's ``ray.put`` of its
+    arrays (a Ray actor's return value goes through the same path), then the server side's
+    ``ray.get``, the shared-memory copy and the server's load
+    (:func:`areal_agents.trainers.object_store.push_ref`)."""
     import ray
 
-    from areal_agents.trainers.object_store import push_ref
+    from areal_agents.trainers.object_store import push_ref, to_arrays
 
     t0 = time.perf_counter()
-    ref = ray.put(state)
+    ref = ray.put(to_arrays(state))
     push_ref(server, [ref], version, timeout=600)
     seconds = time.perf_counter() - t0
     del ref

@@ -71,8 +71,9 @@ class LearnerGroup:
         return dict(self._all("full_state"))
 
     def state_ref(self) -> Any:
-        """Rank 0's full state dict, left in Ray's object store: its ``ObjectRef``."""
-        refs = [a.full_state.remote() for a in self.actors]
+        """Rank 0's full state dict, left in Ray's object store as numpy arrays: its
+        ``ObjectRef`` (see :mod:`areal_agents.trainers.object_store`)."""
+        refs = [a.full_state_arrays.remote() for a in self.actors]
         ray.get(refs[1:])  # the other ranks take part in the gather and return {}
         ray.wait(refs[:1], fetch_local=False)
         return refs[0]

@@ -13,7 +13,7 @@ import torch
 from areal_agents.errors import ConfigError, WeightSyncError
 from areal_agents.trainers.config import InferenceConfig
 from areal_agents.trainers.inference import WeightSync
-from areal_agents.trainers.object_store import shm_root, stage_state
+from areal_agents.trainers.object_store import from_arrays, shm_root, stage_state, to_arrays
 
 
 class LoadingServer:
@@ -44,7 +44,7 @@ class RefLearners:
     def state_ref(self) -> Any:
         import ray
 
-        return ray.put(self.state)
+        return ray.put(to_arrays(self.state))
 
 
 def test_stage_state_leaves_out_a_tied_copy() -> None:
@@ -63,11 +63,21 @@ def test_stage_state_leaves_out_a_tied_copy() -> None:
         shutil.rmtree(directory)
 
 
+def test_arrays_round_trip_every_dtype_and_drop_a_tied_copy() -> None:
+    embed = torch.randn(3, 2)
+    state = {"embed": embed, "head": embed, "bf": torch.randn(4).to(torch.bfloat16)}
+    arrays = to_arrays(state)
+    assert sorted(arrays) == ["bf", "embed"]
+    back = from_arrays(arrays)
+    assert back["bf"].dtype == torch.bfloat16 and torch.equal(back["bf"], state["bf"])
+    assert torch.equal(back["embed"], embed)
+
+
 def test_a_push_through_the_object_store_reaches_every_server(tmp_path: Path) -> None:
     from areal_agents.trainers.config import RayConfig
     from areal_agents.trainers.runtime import start_ray, stop_ray
 
-    state = {"w": torch.randn(4, 3), "b": torch.randn(3)}
+    state = {"w": torch.randn(4, 3), "b": torch.randn(3).to(torch.bfloat16)}
     servers = [LoadingServer(), LoadingServer()]
     start_ray(RayConfig(num_cpus=1, object_store_mb=80))
     try:
