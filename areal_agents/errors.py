@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "AgentsError",
+    "ClusterUnreachableError",
     "ConfigError",
     "DependencyError",
     "EndpointError",
@@ -43,6 +44,10 @@ class AgentsError(Exception):
 
 class ConfigError(AgentsError, ValueError):
     """A configuration value is wrong; the message names the key and the fix."""
+
+
+class ClusterUnreachableError(ConfigError):
+    """``ray.address`` names no reachable Ray cluster; the message says what to check."""
 
 
 class UnknownEnvironmentError(ConfigError):

@@ -9,7 +9,8 @@
    seconds per step, microseconds per trained token, and the FSDP/plain ratios (target: 2 ranks
    within 1.15x of plain torch).
 2. **Weight push**: the default model's full weights pushed to a running built-in server —
-   through a safetensors directory on disk (write + load) and in memory over HTTP — and, when a
+   through a safetensors directory on disk (write + load), in memory over HTTP and through Ray's
+   object store (``weight_sync=object_store``: put, get, shared memory, load) — and, when a
    vLLM interpreter is available (``AREAL_VLLM_PYTHON`` or ``.venv-vllm``) and
    ``--vllm`` is given, to a vLLM server.
 
@@ -249,7 +250,8 @@ def _vllm_python() -> str | None:
 
 
 def _push_rounds(server: Any, model_dir: str, repeats: int, in_memory: bool) -> dict[str, Any]:
-    """Push the model's own weights ``repeats`` times via disk (and in memory if supported)."""
+    """Push the model's own weights ``repeats`` times via disk (and in memory, and through
+    Ray's object store, if supported)."""
     import torch
     from safetensors.torch import save_file
     from transformers import AutoConfig
@@ -263,7 +265,7 @@ def _push_rounds(server: Any, model_dir: str, repeats: int, in_memory: bool) -> 
     size_mb = sum(v.numel() * v.element_size() for v in state.values()) / 2**20
     config = AutoConfig.from_pretrained(model_dir)
     version = server.weight_version()
-    disk, write, mem = [], [], []
+    disk, write, mem, store = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="areal-push-") as tmp:
         for i in range(repeats):
             target = Path(tmp) / f"v{i}"
@@ -282,6 +284,8 @@ def _push_rounds(server: Any, model_dir: str, repeats: int, in_memory: bool) -> 
                 t0 = time.perf_counter()
                 server.update_weights_from_state_dict(state, version, timeout=600)
                 mem.append(time.perf_counter() - t0)
+                version += 1
+                store.append(_object_store_push(server, state, version))
     assert server.weight_version() == version, "the server did not report the pushed version"
     del torch
     out: dict[str, Any] = {
@@ -293,7 +297,27 @@ def _push_rounds(server: Any, model_dir: str, repeats: int, in_memory: bool) -> 
     if mem:
         out["memory_s"] = [round(x, 3) for x in mem]
         out["memory_median_s"] = round(statistics.median(mem), 3)
+    if store:
+        out["object_store_s"] = [round(x, 3) for x in store]
+        out["object_store_median_s"] = round(statistics.median(store), 3)
     return out
+
+
+def _object_store_push(server: Any, state: dict[str, Any], version: int) -> float:
+    """Seconds of one ``weight_sync=object_store`` push: the learner's ``ray.put`` of its
+    arrays (a Ray actor's return value goes through the same path), then the server side's
+    ``ray.get``, the shared-memory copy and the server's load
+    (:func:`areal_agents.trainers.object_store.push_ref`)."""
+    import ray
+
+    from areal_agents.trainers.object_store import push_ref, to_arrays
+
+    t0 = time.perf_counter()
+    ref = ray.put(to_arrays(state))
+    push_ref(server, [ref], version, timeout=600)
+    seconds = time.perf_counter() - t0
+    del ref
+    return seconds
 
 
 def push_latency(model: str, repeats: int, vllm: bool) -> dict[str, Any]:
@@ -303,14 +327,22 @@ def push_latency(model: str, repeats: int, vllm: bool) -> dict[str, Any]:
 
     model_dir = str(resolve_model_dir(model))
     out: dict[str, Any] = {"model": model}
-    with BuiltinServer(model_dir, served_model_name="policy") as server:
-        server.wait_ready(timeout=600)
-        out["builtin"] = _push_rounds(server, model_dir, repeats, in_memory=True)
+    from areal_agents.trainers.config import RayConfig
+    from areal_agents.trainers.runtime import start_ray, stop_ray
+
+    start_ray(RayConfig(num_cpus=1, object_store_mb=2048))  # a local instance on loopback
+    try:
+        with BuiltinServer(model_dir, served_model_name="policy") as server:
+            server.wait_ready(timeout=600)
+            out["builtin"] = _push_rounds(server, model_dir, repeats, in_memory=True)
+    finally:
+        stop_ray()
     b = out["builtin"]
     print(
         f"  built-in server: {b['weights_mb']} MB; via disk median {b['disk_median_s']} s "
         f"(of which writing {statistics.median(b['disk_write_s']):.3f} s); in memory over HTTP "
-        f"median {b.get('memory_median_s')} s",
+        f"median {b.get('memory_median_s')} s; through Ray's object store median "
+        f"{b.get('object_store_median_s')} s",
         flush=True,
     )
     python = _vllm_python()

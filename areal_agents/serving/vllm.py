@@ -12,8 +12,8 @@ Weight updates: ``/pause`` (in-flight requests end with ``finish_reason="abort"`
 ``/update_weight_version`` and ``/resume``. A checkpoint's tensor names and shapes are checked
 against the served model first, because loading a mismatched one kills the engine. An
 in-memory state dict is written to a temporary directory and reloaded from there (NCCL weight
-transfer, ``/init_weight_transfer_engine`` + ``/update_weights``, is the GPU path and is not
-driven from here yet). Every call has a timeout and raises
+transfer is the GPU path: its HTTP control plane is :mod:`areal_agents.serving.vllm_transfer`,
+not yet driven by the trainer). Every call has a timeout and raises
 :class:`~areal_agents.errors.WeightSyncError` instead of hanging.
 
 LoRA: :meth:`VLLMServer.update_adapter` writes a PEFT adapter directory and loads it at run time

@@ -280,8 +280,12 @@ class InferenceConfig:
     """Time limit of one generation request."""
     startup_timeout_s: float = 600.0
     """Time a server may take to answer its health check."""
-    weight_sync: Literal["disk", "state_dict"] = "disk"
-    """How weights travel: a safetensors checkpoint on shared disk, or tensors over HTTP."""
+    weight_sync: Literal["auto", "disk", "state_dict", "object_store"] = "auto"
+    """How weights travel: ``disk`` (a safetensors checkpoint under the run directory: needs a
+    disk the servers share), ``state_dict`` (tensors in an HTTP body), ``object_store``
+    (built-in server: Ray's object store, then node-local shared memory; no shared disk) or
+    ``auto`` (``disk`` on a local run, ``object_store`` attached to a cluster with the built-in
+    server)."""
     weight_sync_timeout_s: float = 300.0
     """Time limit of one weight push; beyond it the run fails with WeightSyncError."""
     gpus_per_server: float = 0.0
@@ -293,6 +297,12 @@ class InferenceConfig:
     ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in its environment); None leaves the inherited
     setting (torch takes at most as many as the cores it sees from these variables). vLLM's
     CPU threads are set by its own ``VLLM_CPU_OMP_THREADS_BIND`` instead."""
+
+    def resolved_weight_sync(self, on_cluster: bool) -> str:
+        """``weight_sync`` with ``auto`` resolved for a local run or a cluster."""
+        if self.weight_sync != "auto":
+            return self.weight_sync
+        return "object_store" if on_cluster and self.engine == "builtin" else "disk"
 
     def __post_init__(self) -> None:
         check_numbers(self, "inference")
@@ -306,6 +316,11 @@ class InferenceConfig:
             raise ConfigError(
                 f"inference.torch_threads does not apply to inference.engine={self.engine}: "
                 f"{engine.torch_threads_note} (drop inference.torch_threads)"
+            )
+        if self.weight_sync == "object_store" and self.engine != "builtin":
+            raise ConfigError(
+                f"inference.weight_sync=object_store needs inference.engine=builtin (got "
+                f"{self.engine}); use weight_sync=disk with a shared disk"
             )
         if self.num_servers < 1:
             raise ConfigError(f"inference.num_servers={self.num_servers}: must be at least 1")
@@ -329,8 +344,8 @@ class RayConfig:
     """Where processes run: a local Ray instance (default) or an existing cluster."""
 
     address: str | None = None
-    """Attach to a running cluster (``auto`` or ``ray://host:port``); None starts a local one
-    bound to 127.0.0.1."""
+    """Attach to a running cluster (``HOST:PORT`` of the head's GCS, ``auto`` or
+    ``ray://HOST:PORT``); None starts a local one bound to 127.0.0.1."""
     num_cpus: int | None = None
     """CPUs of the local instance (None: all of this machine's)."""
     actor_cpus: float = 0.0
@@ -339,6 +354,9 @@ class RayConfig:
     """GPUs per learner rank (1 on GPU clusters; selects NCCL)."""
     object_store_mb: int = 256
     """Object store size of a local instance."""
+    connect_timeout_s: float = 30.0
+    """With ``ray.address``: how long to wait for the cluster's head to accept a connection
+    before failing with what to check (Ray itself would retry for minutes)."""
 
     def __post_init__(self) -> None:
         check_numbers(self, "ray")

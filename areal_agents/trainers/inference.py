@@ -5,15 +5,17 @@ launcher, :mod:`areal_agents.serving.engines`) and implement
 :class:`~areal_agents.serving.base.InferenceServer`. On a local Ray instance the driver starts
 them as child processes bound to 127.0.0.1; attached to a cluster (``ray.address=...``) each
 server is started inside a Ray actor that reserves ``inference.gpus_per_server`` GPUs, so Ray
-places it on a GPU node.
+places it on a GPU node, the servers spread over the nodes in turn.
 ``inference.torch_threads`` sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in each server's
 environment (a built-in server reports the count it runs with on ``/health``).
 
 :class:`WeightSync` pushes version ``v`` to every server with a time limit: the learner writes a
-safetensors directory (``weight_sync=disk``) or hands over its state dict
-(``weight_sync=state_dict``); a server that fails or does not answer in time raises
-:class:`~areal_agents.errors.WeightSyncError`, never a silent hang. The servers interrupt the
-generations in flight, swap the weights and continue them, tagging new tokens with ``v``.
+safetensors directory (``weight_sync=disk``), hands over its state dict
+(``weight_sync=state_dict``) or leaves it in Ray's object store for the server's node to load
+(``weight_sync=object_store``, :mod:`areal_agents.trainers.object_store`); a server that
+fails or does not answer in time raises :class:`~areal_agents.errors.WeightSyncError`, never a
+silent hang. The servers interrupt the generations in flight, swap the weights and continue
+them, tagging new tokens with ``v``.
 With ``model.lora.r > 0`` a push sends only the LoRA adapter; each server merges it onto the
 base weights it keeps (:mod:`areal_agents.serving.adapters`).
 """
@@ -21,6 +23,7 @@ base weights it keeps (:mod:`areal_agents.serving.adapters`).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import shutil
 import time
@@ -31,7 +34,9 @@ from typing import Any
 from areal_agents.errors import WeightSyncError
 from areal_agents.serving.base import InferenceServer
 from areal_agents.serving.engines import get_engine
+from areal_agents.trainers.cluster import spread
 from areal_agents.trainers.config import InferenceConfig, LoraConfig
+from areal_agents.trainers.object_store import push_ref
 from areal_agents.trainers.runtime import remote_class
 
 __all__ = [
@@ -104,6 +109,9 @@ class _ServerHost:
     def call(self, method: str, **kwargs: Any) -> Any:
         return getattr(self.server, method)(**kwargs)
 
+    def load_ref(self, refs: list[Any], version: int, timeout: float) -> None:
+        push_ref(self.server, refs, version, timeout)  # resolved on this (the server's) node
+
 
 class _RemoteServer:
     """The driver-side face of a :class:`_ServerHost` actor."""
@@ -116,7 +124,10 @@ class _RemoteServer:
         self.base_url = str(ray.get(handle.base_url.remote()))
 
     def _call(self, method: str, wait_s: float, **kwargs: Any) -> Any:
-        ref = self.handle.call.remote(method=method, **kwargs)
+        if method == "load_ref":
+            ref = self.handle.load_ref.remote(**kwargs)
+        else:
+            ref = self.handle.call.remote(method=method, **kwargs)
         try:
             return self._ray.get(ref, timeout=wait_s)
         except self._ray.exceptions.GetTimeoutError:
@@ -150,6 +161,9 @@ class _RemoteServer:
             version=version,
             timeout=timeout,
         )
+
+    def update_weights_from_ref(self, refs: list[Any], version: int, timeout: float) -> None:
+        self._call("load_ref", timeout + 30, refs=refs, version=version, timeout=timeout)
 
     def weight_version(self) -> int:
         return int(self._call("weight_version", wait_s=60))
@@ -192,10 +206,12 @@ def start_servers(
             raise
         return servers
 
-    host = remote_class(_ServerHost).options(num_cpus=0, num_gpus=cfg.gpus_per_server)
+    host = remote_class(_ServerHost)
     handles = [
-        host.remote(cfg=cfg, model_dir=str(model_dir), name=served_name)
-        for _ in range(cfg.num_servers)
+        host.options(
+            num_cpus=0, num_gpus=cfg.gpus_per_server, **spread(True, i, 0.0, cfg.gpus_per_server)
+        ).remote(cfg=cfg, model_dir=str(model_dir), name=served_name)
+        for i in range(cfg.num_servers)
     ]
     return [_RemoteServer(h) for h in handles]
 
@@ -220,6 +236,13 @@ def _adapter_push(server: InferenceServer, scaling: float) -> Callable[..., None
     return push
 
 
+def _ref_loader(server: Any) -> Callable[..., None]:
+    """How ``server`` takes a state dict from Ray's object store (see ``object_store``)."""
+    if hasattr(server, "update_weights_from_ref"):  # a server on a cluster node: its actor
+        return server.update_weights_from_ref
+    return functools.partial(push_ref, server)  # a server this process started
+
+
 class WeightSync:
     """Pushes each new version from the learners to every server, with a time limit.
 
@@ -233,8 +256,11 @@ class WeightSync:
         servers: list[InferenceServer],
         weights_dir: Path,
         lora: LoraConfig | None = None,
+        *,
+        on_cluster: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.mode = cfg.resolved_weight_sync(on_cluster)
         self.lora = lora if lora is not None and lora.enabled else None
         """With LoRA on, each push sends only the adapter (the servers keep the base)."""
         self.servers = servers
@@ -252,10 +278,13 @@ class WeightSync:
         if self.lora is not None:  # the adapter only, merged by each server onto its base
             adapter, scaling = learners.adapter_state(), self.lora.scaling
             calls = [(_adapter_push(s, scaling), adapter) for s in self.servers]
-        elif self.cfg.weight_sync == "disk":
+        elif self.mode == "disk":
             target = self.weights_dir / f"v{version:06d}"
             learners.export_weights(target)
             calls = [(s.update_weights_from_disk, str(target)) for s in self.servers]
+        elif self.mode == "object_store":
+            refs = [learners.state_ref()]  # in a list: Ray passes it on unresolved
+            calls = [(_ref_loader(s), refs) for s in self.servers]
         else:
             state = learners.full_state()
             calls = [(s.update_weights_from_state_dict, state) for s in self.servers]
@@ -280,7 +309,7 @@ class WeightSync:
         if any(v != version for v in served):
             raise WeightSyncError(f"pushed weight version {version} but the servers serve {served}")
         self.served_versions = served
-        if self.cfg.weight_sync == "disk" and self.lora is None:
+        if self.mode == "disk" and self.lora is None:
             for old in self.weights_dir.glob("v*"):
                 if old.name != f"v{version:06d}":
                     shutil.rmtree(old, ignore_errors=True)

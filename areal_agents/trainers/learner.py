@@ -386,6 +386,13 @@ class Learner:
         Collective."""
         return adapter_state(self.model)
 
+    def full_state_arrays(self) -> dict[str, Any]:
+        """:meth:`full_state` as numpy arrays, for Ray's object store
+        (:func:`areal_agents.trainers.object_store.to_arrays`). Collective."""
+        from areal_agents.trainers.object_store import to_arrays
+
+        return to_arrays(self.full_state())
+
     def export_weights(self, directory: str) -> None:
         """Write the policy as a Hugging Face directory (rank 0) for the inference servers.
         Collective: every rank must call it."""

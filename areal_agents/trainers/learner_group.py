@@ -8,6 +8,7 @@ from typing import Any
 
 import ray
 
+from areal_agents.trainers.cluster import spread
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.learner import Learner, LearnerSpec
 from areal_agents.trainers.runtime import remote_class
@@ -17,7 +18,8 @@ __all__ = ["LearnerGroup"]
 
 
 class LearnerGroup:
-    """``trainer.learner_ranks`` FSDP2 ranks, each a Ray actor with the configured resources.
+    """``trainer.learner_ranks`` FSDP2 ranks, each a Ray actor with the configured resources
+    (``ray.learner_gpus`` GPUs each), spread over the nodes when attached to a cluster.
 
     Every collective method (train, export, checkpoint) is called on all ranks together; the
     result of rank 0 is returned.
@@ -33,6 +35,9 @@ class LearnerGroup:
                 num_gpus=cfg.ray.learner_gpus,
                 name=None,
                 max_concurrency=1,
+                **spread(
+                    bool(cfg.ray.address), rank, cfg.ray.actor_cpus, cfg.ray.learner_gpus
+                ),  # ranks over the cluster's nodes
             ).remote(
                 spec=LearnerSpec(
                     model_dir=str(model_dir),
@@ -68,6 +73,14 @@ class LearnerGroup:
     def adapter_state(self) -> dict[str, Any]:
         """The LoRA adapter (PEFT names): what a push sends with ``model.lora.r > 0``."""
         return dict(self._all("adapter_state"))
+
+    def state_ref(self) -> Any:
+        """Rank 0's full state dict, left in Ray's object store as numpy arrays: its
+        ``ObjectRef`` (see :mod:`areal_agents.trainers.object_store`)."""
+        refs = [a.full_state_arrays.remote() for a in self.actors]
+        ray.get(refs[1:])  # the other ranks take part in the gather and return {}
+        ray.wait(refs[:1], fetch_local=False)
+        return refs[0]
 
     def save_checkpoint(self, directory: Path) -> None:
         self._all("save_checkpoint", directory=str(directory))

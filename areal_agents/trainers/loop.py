@@ -32,6 +32,7 @@ from areal_agents.errors import AgentsError
 from areal_agents.files import read_json, read_jsonl, write_json
 from areal_agents.trainers.buffer import Group, TrajectoryBuffer
 from areal_agents.trainers.checkpoint import CheckpointManager, load_rng, save_rng
+from areal_agents.trainers.cluster import spread
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.inference import (
     WeightSync,
@@ -96,7 +97,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "learner": learners.info["torch_threads"],
             "servers": server_torch_threads(servers),
         }
-        sync = WeightSync(cfg.inference, servers, run_dir / "weights", lora=cfg.model.lora)
+        sync = WeightSync(
+            cfg.inference,
+            servers,
+            run_dir / "weights",
+            lora=cfg.model.lora,
+            on_cluster=bool(cfg.ray.address),
+        )
         step, elapsed_before = 0, 0.0
         if resume_from is not None:
             step = learners.load_checkpoint(resume_from / "learner")
@@ -216,11 +223,13 @@ def checkpoint_due(step: int, cfg: TrainConfig) -> bool:
 
 def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer: Any) -> list[Any]:
     urls = [str(s.base_url) for s in servers]
-    actor = remote_class(RolloutWorkerActor).options(
-        num_cpus=cfg.ray.actor_cpus, max_concurrency=16
-    )
+    actor = remote_class(RolloutWorkerActor)
     return [
-        actor.remote(
+        actor.options(
+            num_cpus=cfg.ray.actor_cpus,
+            max_concurrency=16,
+            **spread(bool(cfg.ray.address), i, cfg.ray.actor_cpus),
+        ).remote(
             env=cfg.env,
             inference=cfg.inference,
             base_urls=urls,

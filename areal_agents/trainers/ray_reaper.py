@@ -16,7 +16,9 @@ waits for the driver to be gone, then kills with SIGKILL every process of the ru
   command line of its agents and workers over their environment, so the environment alone
   is not enough.
 
-The driver itself and the reaper are spared. Before a second ``ray.init`` in the same process,
+The driver itself and the reaper are spared. Once nothing is left, the reaper removes the run's
+session directory (and Ray's ``session_latest`` link when it names it): a local run leaves no
+logs or sockets behind under Ray's temp directory. Before a second ``ray.init`` in the same process,
 the previous run's reaper is told to sweep at once (:meth:`RayReaper.sweep_now`).
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,6 +165,19 @@ def _main(token: str, driver: int) -> None:
         if not sweep(token, session, spare):
             break
         time.sleep(0.3)
+    if session is not None:
+        remove_session(session)
+
+
+def remove_session(session: str) -> None:
+    """Delete Ray's session directory ``session`` and the ``session_latest`` link naming it."""
+    if not os.path.basename(session).startswith("session_"):
+        return  # not a Ray session directory: never delete what we did not expect
+    latest = os.path.join(os.path.dirname(session), "session_latest")
+    with contextlib.suppress(OSError):
+        if os.path.islink(latest) and os.path.realpath(latest) == session:
+            os.unlink(latest)
+    shutil.rmtree(session, ignore_errors=True)
 
 
 if __name__ == "__main__":

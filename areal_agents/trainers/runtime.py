@@ -16,6 +16,7 @@ from areal_agents.config import dump_yaml, to_dict
 from areal_agents.errors import ConfigError
 from areal_agents.files import read_json
 from areal_agents.trainers.checkpoint import CheckpointManager
+from areal_agents.trainers.cluster import attach_ray, loopback_only
 from areal_agents.trainers.config import EnvConfig, InferenceConfig, RayConfig, TrainConfig
 from areal_agents.trainers.ray_reaper import RUN_ENV, RayReaper
 from areal_agents.trainers.rollout_worker import RayBuffer, RolloutWorker, WorkerStats
@@ -92,9 +93,9 @@ def start_ray(cfg: RayConfig) -> bool:
         return False
     runtime_env = {"env_vars": worker_env()}
     if cfg.address:
-        ray.init(address=cfg.address, runtime_env=runtime_env, logging_level=logging.WARNING)
+        attach_ray(cfg, runtime_env)
         return True
-    _loopback_only()
+    loopback_only()
     if _reaper is not None:  # a previous run of this process: its leftovers go now
         _reaper.sweep_now()
     _reaper = RayReaper.start()
@@ -129,20 +130,6 @@ def start_ray(cfg: RayConfig) -> bool:
         _reaper.watch(str(session_dir))
     atexit.register(_reaper.close)
     return True
-
-
-def _loopback_only() -> None:
-    """Keep a local run's Ray on 127.0.0.1.
-
-    Ray turns ``_node_ip_address="127.0.0.1"`` into the machine's network address ("remotely
-    reachable") unless clusters are disabled, which it decides from
-    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` when ``ray`` is first imported: the variable is set
-    for the processes Ray starts, and the constant for this one (imported long before).
-    """
-    from ray._private import ray_constants
-
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def stop_ray() -> None:

@@ -34,5 +34,7 @@ def test_tiny_run_prints_ratios_and_push_latency(tmp_path: Path, capsys) -> None
     assert set(train["configs"]) == {"plain", "fsdp1", "fsdp2"}
     assert set(train["ratios"]) == {"fsdp1_vs_plain", "fsdp2_vs_plain"}
     assert result["push"]["builtin"]["disk_median_s"] > 0
+    assert result["push"]["builtin"]["object_store_median_s"] > 0
     out = capsys.readouterr().out
     assert "us/trained token" in out and "built-in server" in out
+    assert "through Ray's object store" in out

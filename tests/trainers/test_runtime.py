@@ -1,4 +1,5 @@
-"""A local run's Ray: its own instance, on loopback, quiet, and gone 10 s after ``kill -9``.
+"""A local run's Ray: its own instance, on loopback, quiet, gone 10 s after ``kill -9``, and
+its session directory removed.
 
 Each test runs a real driver (``start_ray`` + one actor) in a child process, with Ray's temp
 directory pointing at a fresh folder that holds a stale "current cluster" record — the
@@ -49,11 +50,15 @@ DRIVER = textwrap.dedent(
         {(p.name(), c.laddr.ip) for p in me.children(recursive=True)
          for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
     )
-    print(json.dumps({"tree": tree, "listening": listening, "actor": actor_pid}), flush=True)
+    gcs = ray.get_runtime_context().gcs_address
+    print(json.dumps({"tree": tree, "listening": listening, "actor": actor_pid, "gcs": gcs}),
+          flush=True)
     if sys.argv[1] == "stop":
+        sessions = len([p for p in os.listdir(os.environ["RAY_TMPDIR"] + "/ray")
+                        if p.startswith("session_2")])
         stop_ray()
         left = [p.pid for p in me.children(recursive=True) if p.status() != "zombie"]
-        print(json.dumps({"left": left}), flush=True)
+        print(json.dumps({"left": left, "sessions": sessions}), flush=True)
     else:
         time.sleep(600)
     """
@@ -136,6 +141,14 @@ def test_kill_9_of_the_driver_leaves_no_ray_process_10_s_later(ray_tmp: Path) ->
     err = driver.stderr.read()
     assert "Token authentication" not in err  # no warning printed
     assert "existing cluster" not in err
+    while sessions := _sessions(ray_tmp):  # the reaper removes it once the processes are gone
+        if time.monotonic() > deadline + 10:
+            pytest.fail(f"session directory left after kill -9 of the driver: {sessions}")
+        time.sleep(0.2)
+
+
+def _sessions(ray_tmp: Path) -> list[str]:
+    return sorted(p.name for p in (ray_tmp / "ray").iterdir() if p.name.startswith("session"))
 
 
 def test_stop_ray_leaves_no_process_behind(ray_tmp: Path) -> None:
@@ -144,5 +157,41 @@ def test_stop_ray_leaves_no_process_behind(ray_tmp: Path) -> None:
     assert driver.returncode == 0, err
     first, last = (json.loads(line) for line in out.splitlines()[:2])
     assert last["left"] == []
+    assert last["sessions"] == 1  # the run did have a session directory
     assert _alive(first["tree"]) == []
+    assert _sessions(ray_tmp) == []  # ... and stop_ray removed it (and session_latest)
     assert "Token authentication" not in err
+
+
+def test_a_live_ray_start_is_not_attached_to(ray_tmp: Path) -> None:
+    """``ray start`` left running (its record names a live cluster): a local run still starts
+    its own instance instead of attaching to it (or failing on num_cpus)."""
+    from areal_agents.net import free_port
+    from areal_agents.trainers.ray_reaper import sweep
+
+    port = free_port()
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    ray_bin = Path(sys.executable).with_name("ray")
+    started = subprocess.run(
+        [str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+         "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats",
+         f"--object-store-memory={80 * 2**20}"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    head_session = (ray_tmp / "ray" / "session_latest").resolve()
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        record = (ray_tmp / "ray" / "ray_current_cluster").read_text()
+        assert record.strip().endswith(f":{port}")  # the record names the live cluster
+        driver = _driver("stop", ray_tmp)
+        out, err = driver.communicate(timeout=180)
+        assert driver.returncode == 0, err
+        first = json.loads(out.splitlines()[0])
+        assert not first["gcs"].endswith(f":{port}")  # its own instance
+        assert "existing cluster" not in err
+        assert head_session.is_dir()  # the run's clean-up left the other cluster's session
+    finally:  # end the processes `ray start` began (by pid: those holding its session open)
+        for _ in range(5):
+            if not sweep("no-token", str(head_session), {os.getpid()}):
+                break
+            time.sleep(0.5)
