@@ -188,6 +188,7 @@ def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
         f"trainer.total_steps={steps}",
         "trainer.max_staleness=1",
         "trainer.batch_order=admission",  # batches independent of episode timing
+        "trainer.checkpoint_every=1",  # the kill lands after a checkpoint on the way
     ]
     reference, killed = tmp_path / "reference", tmp_path / "killed"
 
@@ -229,6 +230,35 @@ def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     trained = [i for _, ids in resumed for i in ids]
     assert len(trained) == len(set(trained)), "a trajectory was trained twice"
     assert json.loads((killed / "summary.json").read_text())["final_version"] == steps
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_after_the_step_with_a_checkpoint_and_the_rerun_resumes(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    # no checkpoint by step or time on the way: the one on disk is the signal's
+    common = [*TINY, "trainer.checkpoint_interval_s=null", f"output_dir={tmp_path}"]
+    proc = run([*common, "trainer.total_steps=1000"], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while len(read_jsonl(tmp_path / "metrics.jsonl")) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, sig)  # as Ctrl-C in a terminal: the whole process group
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + sig, err.decode()[-3000:]
+    assert f"{sig.name}: stopping after this step" in err.decode()
+    done = len(read_jsonl(tmp_path / "metrics.jsonl"))
+    ckpts = [p.name for p in (tmp_path / "checkpoints").iterdir()]
+    assert ckpts == [f"step_{done:06d}"]  # the step that was running is saved, nothing lost
+    assert not (tmp_path / "summary.json").exists()  # not finished: a re-run continues it
+
+    proc = run([*common, f"trainer.total_steps={done + 1}"], stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    assert f"resuming step_{done:06d}" in out.decode()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, done + 2))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [f"step_{done + 1:06d}"]
 
 
 def _finished_run_dir(run_dir: Path, step: int, elapsed_s: float = 10.0) -> None:

@@ -147,10 +147,17 @@ class TrainerConfig:
     max_concurrent_groups: int | None = None
     """Groups a rollout worker runs at the same time (each runs ``group_size`` episodes);
     None: ``groups_per_step`` (one batch generating while the learner trains the last)."""
-    checkpoint_every: int = 1
-    """Steps between checkpoints (0: only at the end)."""
-    keep_checkpoints: int = 2
-    """Checkpoints kept on disk."""
+    checkpoint_every: int = 0
+    """Steps between checkpoints (0: none by step count; see ``checkpoint_interval_s``). The
+    last step, an early stop (time budget) and a stop on SIGTERM/SIGINT are always saved."""
+    checkpoint_interval_s: float | None = 600.0
+    """Seconds of training between checkpoints (checked after each step); None: none by time.
+    After a ``kill -9`` the re-run resumes exactly from the last one, so this bounds the work
+    a hard kill can lose."""
+    keep_checkpoints: int = 1
+    """Checkpoints kept on disk. A new one is complete (renamed into place) before an old one
+    is deleted, so one is always whole; with 1, the run directory holds one checkpoint (model
+    and optimizer, about 3x the model's size in fp32) plus the served weights (1x)."""
     resume: Literal["auto", "never"] = "auto"
     """``auto``: continue an unfinished run found in ``output_dir``; ``never``: refuse to reuse
     a directory that holds a run."""

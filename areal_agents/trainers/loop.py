@@ -12,13 +12,14 @@ The driver loop below repeats::
 ``trainer.mode=sync`` is the same loop with staleness 0: nothing is admitted while the learner
 works, so generation and learning alternate. The run ends after ``trainer.total_steps``, or
 earlier once ``trainer.time_budget_s`` of training time is spent (no step starts after it);
-either way the last step is checkpointed and ``summary.json`` gives the ``stop_reason``.
+either way the last step is checkpointed and ``summary.json`` gives the ``stop_reason``. On the
+way a checkpoint is saved every ``trainer.checkpoint_interval_s`` seconds (and every
+``trainer.checkpoint_every`` steps if set), and on SIGTERM/SIGINT after the current step.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import statistics
 import time
 from pathlib import Path
@@ -56,6 +57,7 @@ from areal_agents.trainers.runtime import (
     start_ray,
     stop_ray,
 )
+from areal_agents.trainers.stop import GracefulStop
 
 __all__ = ["train"]
 
@@ -74,9 +76,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     print(f"run directory: {run_dir}" + (f" (resuming {resume_from.name})" if resume_from else ""))
 
     started_ray = start_ray(cfg.ray)
-    # After ray.init (which installs its own handler): SIGTERM unwinds like Ctrl-C, so that
-    # servers, actors and sandboxes are closed.
-    signal.signal(signal.SIGTERM, _terminate)
+    # After ray.init (which installs its own handler): until the loop starts SIGTERM unwinds
+    # like Ctrl-C, so that servers, actors and sandboxes are closed; in the loop either one
+    # stops after the current step with a checkpoint.
+    stop = GracefulStop()
+    stop.install()
     servers: list[Any] = []
     learners: LearnerGroup | None = None
     workers: list[Any] = []
@@ -120,16 +124,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             unit="step",
             dynamic_ncols=True,
         )
-        last_ckpt = step
+        last_ckpt, last_ckpt_at = step, time.perf_counter()
         budget = cfg.trainer.time_budget_s
         deadline = None if budget is None else start + budget
         stop_reason = "total_steps"
         stats = ray.get(buffer.stats.remote())  # dropped episodes are counted from here on
+        stop.arm()
         while step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
-            groups = wait_for_batch(buffer, runs, bar, deadline)
-            if groups is None:  # the time budget ran out before this step could start
-                stop_reason = "time_budget"
+            groups = None if stop.requested else wait_for_batch(buffer, runs, bar, deadline, stop)
+            if groups is None:  # a signal, or the time budget ran out before this step started
+                stop_reason = stop.name or "time_budget"
                 break
             t1 = time.perf_counter()
             trajectories = [t for g in groups for t in g.trajectories]
@@ -156,13 +161,16 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             bar.update(1)
             bar.set_postfix(progress_postfix(metrics))  # tool errors and drops when non-zero
 
-            if checkpoint_due(step, cfg):
+            if checkpoint_due(step, cfg, time.perf_counter() - last_ckpt_at):
                 save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
-                last_ckpt = step
+                last_ckpt, last_ckpt_at = step, time.perf_counter()
         if step != last_ckpt:  # stopped early: the last step is saved as at a normal end
             save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
         bar.close()
         log.close()
+        if stop.requested:
+            print(f"stopped after step {step} on {stop.name}: checkpoint saved; re-run to resume")
+            raise SystemExit(stop.exit_code)
         if stop_reason == "time_budget":
             print(f"stopped after step {step}: trainer.time_budget_s={budget} s spent")
         extra = {
@@ -181,13 +189,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         return summary
     finally:
         shutdown(workers, runs, learners, servers, started_ray)
+        stop.uninstall()
 
 
 # ---- helpers the loop names ----------------------------------------------------------------
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def check_env(cfg: TrainConfig) -> None:
@@ -207,11 +212,13 @@ def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
-def checkpoint_due(step: int, cfg: TrainConfig) -> bool:
+def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bool:
     """Whether step ``step`` is checkpointed: every ``trainer.checkpoint_every`` steps (0:
-    never on the way) and always the last one."""
-    every = cfg.trainer.checkpoint_every
-    return bool(every and step % every == 0) or step == cfg.trainer.total_steps
+    not by count), once ``trainer.checkpoint_interval_s`` seconds have passed since the last
+    checkpoint (``since_last_s``), and always the last one."""
+    every, interval = cfg.trainer.checkpoint_every, cfg.trainer.checkpoint_interval_s
+    by_time = interval is not None and since_last_s >= interval
+    return bool(every and step % every == 0) or by_time or step == cfg.trainer.total_steps
 
 
 def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer: Any) -> list[Any]:
@@ -240,13 +247,18 @@ def over(deadline: float | None) -> bool:
 
 
 def wait_for_batch(
-    buffer: Any, runs: list[Any], bar: Any, deadline: float | None = None, poll_s: float = 0.2
+    buffer: Any,
+    runs: list[Any],
+    bar: Any,
+    deadline: float | None = None,
+    stop: GracefulStop | None = None,
+    poll_s: float = 0.2,
 ) -> list[Group] | None:
-    """The next batch, or None once ``deadline`` has passed (no batch is taken after it); fails
-    fast if a rollout worker died instead of waiting forever."""
+    """The next batch, or None once ``deadline`` has passed or a stop was requested (no batch
+    is taken after it); fails fast if a rollout worker died instead of waiting forever."""
     polls = 0
     while True:
-        if over(deadline):
+        if over(deadline) or (stop is not None and stop.requested):
             return None
         batch = ray.get(buffer.pop_batch.remote())
         if batch is not None:
