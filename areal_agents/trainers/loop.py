@@ -19,7 +19,9 @@ way a checkpoint is saved every ``trainer.checkpoint_interval_s`` seconds (and e
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ from areal_agents.trainers.checkpoint import CheckpointManager, load_rng, save_r
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.inference import (
     WeightSync,
+    launch_local_servers,
     server_torch_threads,
     start_servers,
     stop_servers,
@@ -56,8 +59,9 @@ from areal_agents.trainers.runtime import (
     save_config,
     start_ray,
     stop_ray,
+    worker_env,
 )
-from areal_agents.trainers.stop import GracefulStop
+from areal_agents.trainers.stop import GracefulStop, StartupClock
 
 __all__ = ["train"]
 
@@ -66,6 +70,7 @@ logger = logging.getLogger(__name__)
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run (or resume) the training described by ``cfg``; returns the run summary."""
+    clock = StartupClock()
     run_dir, resume_from = choose_run_dir(cfg)
     check_env(cfg)
     model_dir = prepare_model_dir(cfg.model, run_dir)  # the chat-template gate: before Ray
@@ -75,27 +80,44 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     ckpt.clean_partial()
     print(f"run directory: {run_dir}" + (f" (resuming {resume_from.name})" if resume_from else ""))
 
-    started_ray = start_ray(cfg.ray)
-    # After ray.init (which installs its own handler): until the loop starts SIGTERM unwinds
-    # like Ctrl-C, so that servers, actors and sandboxes are closed; in the loop either one
-    # stops after the current step with a checkpoint.
+    clock.mark("prepare_s")  # the environment built once, the model directory, the template
+    # Before ray.init a signal unwinds at once (closing what started); ray.init installs its own
+    # SIGTERM handler, so the stop handler is installed again after it. In the loop either
+    # signal stops after the current step with a checkpoint.
     stop = GracefulStop()
     stop.install()
     servers: list[Any] = []
     learners: LearnerGroup | None = None
     workers: list[Any] = []
     runs: list[Any] = []
+    started_ray = False
     try:
-        # ---- set-up: servers, buffer, learners; restore the checkpoint -------------------
-        servers = start_servers(
-            cfg.inference,
-            model_dir,
-            "policy",
-            on_cluster=bool(cfg.ray.address),
-            log_dir=run_dir / "logs",
-        )
-        buffer = remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
-        learners = LearnerGroup(cfg, model_dir)
+        if not cfg.ray.address:  # local servers load the model while Ray starts
+            os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
+            servers = launch_local_servers(cfg.inference, model_dir, "policy", run_dir / "logs")
+        started_ray = start_ray(cfg.ray)
+        stop.install()
+        clock.mark("ray_s")
+        # ---- set-up: learners (loading meanwhile), servers, buffer; restore the checkpoint --
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learners") as pool:
+            building = pool.submit(LearnerGroup, cfg, model_dir)
+            servers = start_servers(
+                cfg.inference,
+                model_dir,
+                "policy",
+                on_cluster=bool(cfg.ray.address),
+                log_dir=run_dir / "logs",
+                launched=servers,
+            )
+            clock.mark("servers_s")
+            buffer = (
+                remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
+            )
+            if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
+                workers = start_workers(cfg, servers, model_dir, buffer)
+                runs = [w.run.remote() for w in workers]
+            learners = building.result()
+        clock.mark("learners_s")  # the part of the learners' load that servers did not overlap
         threads = {
             "learner": learners.info["torch_threads"],
             "servers": server_torch_threads(servers),
@@ -109,11 +131,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             elapsed_before = float(read_json(resume_from / "trainer.json")["elapsed_s"])
             sync.push(learners, step)  # the servers start from the base weights
             ray.get(buffer.set_version.remote(version=step))
+            # ---- rollout workers generate in the background from here on -----------------
+            workers = start_workers(cfg, servers, model_dir, buffer)
+            runs = [w.run.remote() for w in workers]
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
-
-        # ---- rollout workers generate in the background from here on ---------------------
-        workers = start_workers(cfg, servers, model_dir, buffer)
-        runs = [w.run.remote() for w in workers]
 
         start = time.perf_counter() - elapsed_before
         bar = tqdm(
@@ -130,6 +151,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         stop_reason = "total_steps"
         stats = ray.get(buffer.stats.remote())  # dropped episodes are counted from here on
         stop.arm()
+        first_step = step
         while step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
             groups = None if stop.requested else wait_for_batch(buffer, runs, bar, deadline, stop)
@@ -137,9 +159,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 stop_reason = stop.name or "time_budget"
                 break
             t1 = time.perf_counter()
+            if step == first_step:
+                clock.mark("first_batch_s")
             trajectories = [t for g in groups for t in g.trajectories]
             learn = learners.train_step(trajectories)
             t2 = time.perf_counter()
+            if step == first_step:
+                clock.mark("first_train_s")
+                clock.first_step_done()
             step += 1
             sync_s = sync.push(learners, step)
             ray.get(buffer.set_version.remote(version=step))
@@ -181,6 +208,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "env": cfg.env.name,
             "model": cfg.model.name,
             "torch_threads": threads,
+            **clock.summary(),
         }
         summary = write_summary(run_dir, extra)
         write_transcript_viewer(run_dir, summary)
@@ -347,6 +375,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         "dropped_episodes",
         "tokens_per_s_mean",
         "wall_s",
+        "time_to_first_step_s",
         "run_dir",
     )
     print("summary: " + ", ".join(f"{k}={summary.get(k)}" for k in keys))

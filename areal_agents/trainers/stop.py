@@ -19,12 +19,14 @@ committed by rename).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import time
 from types import FrameType
 from typing import Any
 
-__all__ = ["GracefulStop"]
+__all__ = ["GracefulStop", "StartupClock"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -55,8 +57,8 @@ class GracefulStop:
     def install(self) -> None:
         """Take over SIGTERM and SIGINT (main thread only; call after ``ray.init``, which
         installs its own SIGTERM handler)."""
-        for sig in _SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        for sig in _SIGNALS:  # installing again (after ray.init) keeps the first previous
+            self._previous.setdefault(sig, signal.signal(sig, self._handle))
 
     def uninstall(self) -> None:
         """Give the signals back to the handlers found by :meth:`install`."""
@@ -80,3 +82,56 @@ class GracefulStop:
             file=sys.stderr,
             flush=True,
         )
+
+
+class StartupClock:
+    """How long the command took to train its first step, measured from the process start.
+
+    :meth:`mark` closes a phase (seconds since the previous mark); :meth:`summary` gives
+    ``time_to_first_step_s`` (from the moment the process started, Python's imports included,
+    to the end of the first optimizer step) and ``startup`` (the phases).
+
+    >>> clock = StartupClock()
+    >>> clock.mark("ray_s")
+    >>> clock.first_step_done()
+    >>> s = clock.summary()
+    >>> list(s["startup"]), s["time_to_first_step_s"] >= s["startup"]["ray_s"] >= 0
+    (['imports_s', 'ray_s'], True)
+    """
+
+    def __init__(self) -> None:
+        self.process_start = _process_start()
+        self.phases: dict[str, float] = {}
+        self._last = time.time()
+        self.imports_s = round(self._last - self.process_start, 3)
+        self.first_step_at: float | None = None
+
+    def mark(self, phase: str) -> None:
+        """End ``phase`` now."""
+        now = time.time()
+        self.phases[phase] = round(now - self._last, 3)
+        self._last = now
+
+    def first_step_done(self) -> None:
+        """The first optimizer step of this invocation has finished."""
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+
+    def summary(self) -> dict[str, object]:
+        """``time_to_first_step_s`` (None if no step ran) and the ``startup`` phases, the first
+        of them ``imports_s`` (process start to the clock's creation)."""
+        first = self.first_step_at
+        return {
+            "time_to_first_step_s": None if first is None else round(first - self.process_start, 3),
+            "startup": {"imports_s": self.imports_s, **self.phases},
+        }
+
+
+def _process_start() -> float:
+    """When this process started (wall clock); now, if that cannot be read."""
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getpid()).create_time())
+    except Exception:  # pragma: no cover - psutil is a dependency
+        return time.time()
