@@ -38,6 +38,7 @@ TINY = [
     "log.progress=false",
     "log.tensorboard=false",
     "ray.num_cpus=2",
+    "eval.held_out_tasks=0",
 ]
 
 

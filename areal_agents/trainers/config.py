@@ -30,6 +30,7 @@ from areal_agents.trainers.algorithms import AlgoConfig
 
 __all__ = [
     "EnvConfig",
+    "HeldOutConfig",
     "InferenceConfig",
     "LogConfig",
     "ModelConfig",
@@ -333,6 +334,22 @@ class LogConfig:
 
 
 @dataclass
+class HeldOutConfig:
+    """Held-out evaluation: the same tasks scored before training and at the end."""
+
+    held_out_tasks: int = 64
+    """Held-out tasks (0: no evaluation). Task ``i`` is the one ``env.reset(seed=seed + i)``
+    draws, as in ``python -m areal_agents.eval``; training never draws a task with one of their
+    ids. Each is played once, greedily, with ``inference.max_tokens`` per turn, against the
+    trainer's own server: before the first step (the base weights) and after the last."""
+    seed: int = 0
+    """The environment seed of held-out task 0."""
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "eval")
+
+
+@dataclass
 class TrainConfig:
     """The root of ``python -m areal_agents.train``."""
 
@@ -350,6 +367,8 @@ class TrainConfig:
     """Process placement."""
     log: LogConfig = field(default_factory=LogConfig)
     """Metrics, transcripts, progress bar."""
+    eval: HeldOutConfig = field(default_factory=HeldOutConfig)
+    """Held-out success before and after training."""
     output_dir: str | None = None
     """Run directory (None: ``runs/<env>-<algo>``; re-running the same command resumes it)."""
 

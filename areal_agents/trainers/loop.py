@@ -36,6 +36,13 @@ from areal_agents.files import read_json, read_jsonl, write_json
 from areal_agents.trainers.buffer import Group, TrajectoryBuffer
 from areal_agents.trainers.checkpoint import CheckpointManager, load_rng, save_rng
 from areal_agents.trainers.config import TrainConfig
+from areal_agents.trainers.held_out import (
+    closing_screen,
+    disk_mb,
+    evaluate,
+    held_out_task_ids,
+    load_result,
+)
 from areal_agents.trainers.inference import (
     WeightSync,
     launch_local_servers,
@@ -73,6 +80,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     clock = StartupClock()
     run_dir, resume_from = choose_run_dir(cfg)
     check_env(cfg)
+    held_out = held_out_task_ids(cfg)  # never trained on; scored before and after
     model_dir = prepare_model_dir(cfg.model, run_dir)  # the chat-template gate: before Ray
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
@@ -113,8 +121,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             buffer = (
                 remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
             )
+            before = held_out_before(cfg, servers, run_dir, fresh=resume_from is None)
+            clock.mark("eval_before_s")
             if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
-                workers = start_workers(cfg, servers, model_dir, buffer)
+                workers = start_workers(cfg, servers, model_dir, buffer, held_out or frozenset())
                 runs = [w.run.remote() for w in workers]
             learners = building.result()
         clock.mark("learners_s")  # the part of the learners' load that servers did not overlap
@@ -132,7 +142,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             sync.push(learners, step)  # the servers start from the base weights
             ray.get(buffer.set_version.remote(version=step))
             # ---- rollout workers generate in the background from here on -----------------
-            workers = start_workers(cfg, servers, model_dir, buffer)
+            workers = start_workers(cfg, servers, model_dir, buffer, held_out or frozenset())
             runs = [w.run.remote() for w in workers]
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
 
@@ -200,6 +210,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             raise SystemExit(stop.exit_code)
         if stop_reason == "time_budget":
             print(f"stopped after step {step}: trainer.time_budget_s={budget} s spent")
+        stop_workers(workers, runs)  # the held-out evaluation has the servers to itself
+        eval_start = time.perf_counter()
+        after = None
+        if cfg.eval.held_out_tasks:
+            after = evaluate(cfg, str(servers[0].base_url), "policy", run_dir / "eval" / "after")
+        weights = run_dir / "weights" / f"v{step:06d}"
         extra = {
             "run_dir": str(run_dir),
             "finished": True,
@@ -209,11 +225,31 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "model": cfg.model.name,
             "torch_threads": threads,
             **clock.summary(),
+            "held_out": {
+                "tasks": cfg.eval.held_out_tasks,
+                "seed": cfg.eval.seed,
+                "excluded_from_training": held_out is not None,
+                "before": before,
+                "after": after,
+            },
+            "final_weights": str(weights) if weights.is_dir() else None,
+            "disk_mb": {
+                "checkpoints": disk_mb(run_dir / "checkpoints"),
+                "weights": disk_mb(run_dir / "weights"),
+                "run_dir": disk_mb(run_dir),
+            },
+            "times": {
+                "total_s": round(time.time() - clock.process_start, 3),
+                "eval_s": round(
+                    clock.phases.get("eval_before_s", 0.0) + time.perf_counter() - eval_start, 3
+                ),
+            },
         }
         summary = write_summary(run_dir, extra)
         write_transcript_viewer(run_dir, summary)
         refresh_report(run_dir)
         print_summary(summary)
+        print(closing_screen(summary))
         return summary
     finally:
         shutdown(workers, runs, learners, servers, started_ray)
@@ -249,7 +285,35 @@ def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bo
     return bool(every and step % every == 0) or by_time or step == cfg.trainer.total_steps
 
 
-def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer: Any) -> list[Any]:
+def held_out_before(
+    cfg: TrainConfig, servers: list[Any], run_dir: Path, *, fresh: bool
+) -> dict[str, Any] | None:
+    """Held-out success of the base weights: measured now on a fresh run (before any step),
+    read back from ``<run>/eval/before`` on a resumed one; None with ``eval.held_out_tasks=0``."""
+    if not cfg.eval.held_out_tasks:
+        return None
+    directory = run_dir / "eval" / "before"
+    if not fresh:
+        return load_result(directory)
+    return evaluate(cfg, str(servers[0].base_url), "policy", directory)
+
+
+def stop_workers(workers: list[Any], runs: list[Any]) -> None:
+    """Ask the rollout workers to stop and wait (briefly) until they have."""
+    try:
+        ray.get([w.stop.remote() for w in workers], timeout=10)
+        ray.wait(runs, num_returns=len(runs), timeout=60)
+    except Exception:
+        logger.debug("stopping the rollout workers failed", exc_info=True)
+
+
+def start_workers(
+    cfg: TrainConfig,
+    servers: list[Any],
+    model_dir: Path,
+    buffer: Any,
+    exclude_task_ids: frozenset[str] = frozenset(),
+) -> list[Any]:
     urls = [str(s.base_url) for s in servers]
     actor = remote_class(RolloutWorkerActor).options(
         num_cpus=cfg.ray.actor_cpus, max_concurrency=16
@@ -264,6 +328,7 @@ def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer:
             buffer=buffer,
             worker_id=i,
             max_concurrent_groups=cfg.trainer.concurrent_groups,
+            exclude_task_ids=exclude_task_ids,
         )
         for i in range(cfg.trainer.rollout_workers)
     ]
@@ -389,11 +454,7 @@ def shutdown(
     started_ray: bool,
 ) -> None:
     """Stop everything this run started, in reverse order; best effort."""
-    try:  # workers close their environments (and sandboxes) when their run() returns
-        ray.get([w.stop.remote() for w in workers], timeout=10)
-        ray.wait(runs, num_returns=len(runs), timeout=60)
-    except Exception:
-        logger.debug("stopping the rollout workers failed", exc_info=True)
+    stop_workers(workers, runs)  # workers close their environments (and sandboxes) on return
     for w in workers:
         ray.kill(w)
     if learners is not None:

@@ -218,6 +218,7 @@ class RolloutWorkerActor:
         buffer: Any,
         worker_id: int,
         max_concurrent_groups: int,
+        exclude_task_ids: frozenset[str] = frozenset(),
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -245,6 +246,7 @@ class RolloutWorkerActor:
             RayBuffer(buffer),
             max_concurrent_groups=max_concurrent_groups,
             worker_id=worker_id,
+            exclude_task_ids=exclude_task_ids,
         )
 
     async def run(self) -> WorkerStats:
