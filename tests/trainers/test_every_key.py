@@ -26,7 +26,7 @@ from areal_agents.net import free_port
 from areal_agents.trainers.algorithms import PRESETS, AlgoConfig
 from areal_agents.trainers.batching import sequence_logprobs
 from areal_agents.trainers.buffer import TrajectoryBuffer
-from areal_agents.trainers.config import ModelConfig, TrainConfig, TrainerConfig
+from areal_agents.trainers.config import HeldOutConfig, ModelConfig, TrainConfig, TrainerConfig
 from areal_agents.trainers.learner import Learner, LearnerSpec
 from areal_agents.trainers.modeling import load_policy, tiny_model_path
 from areal_agents.types import Trajectory
@@ -574,12 +574,15 @@ COVERED: dict[str, str] = {
     "trainer.keep_checkpoints": "tests/trainers/test_checkpoint.py",
     "trainer.resume": "tests/test_train.py",
     "trainer.time_budget_s": "tests/test_train.py",
+    "eval.held_out_tasks": "tests/trainers/test_held_out.py",
+    "eval.seed": "tests/trainers/test_held_out.py",
 }
 
 
 def test_every_key_has_a_check() -> None:
     keys = {f"algo.{f.name}" for f in dataclasses.fields(AlgoConfig)}
     keys |= {f"trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)}
+    keys |= {f"eval.{f.name}" for f in dataclasses.fields(HeldOutConfig)}
     assert sorted(keys - set(COVERED)) == [], "a config key without a test of its effect"
     assert sorted(set(COVERED) - keys) == [], "a test table entry for a key that is gone"
     root = Path(__file__).resolve().parents[2]
