@@ -181,6 +181,54 @@ def test_time_budget_stops_cleanly_and_threads_reach_every_process(tmp_path: Pat
 
 
 @pytest.mark.integration
+def test_a_test_sized_run_of_the_main_command(tmp_path: Path) -> None:
+    """What a newcomer's run shows, at test size: held-out success before and after (in
+    summary.json and on the closing screen), the stop on the time budget, the time to the first
+    trained step, and a lean run directory (one checkpoint, one copy of the served weights)."""
+    args = [
+        *TINY,
+        "trainer.total_steps=1000",
+        "trainer.time_budget_s=15",
+        "trainer.checkpoint_interval_s=1",  # a checkpoint after every step: one stays
+        "eval.held_out_tasks=4",
+        f"output_dir={tmp_path}",
+    ]
+    proc = run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    screen = out.decode()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stop_reason"] == "time_budget" and 1 <= summary["steps"] < 1000
+
+    held = summary["held_out"]
+    assert held["tasks"] == 4 and held["excluded_from_training"] is True
+    for when in ("before", "after"):
+        result = held[when]
+        assert result["episodes"] == 4 and 0.0 <= result["success"] <= 1.0
+        assert result["sampling"]["temperature"] == 0.0  # greedy, the same both times
+        assert Path(result["viewer"]).is_file()
+        eval_summary = json.loads((tmp_path / "eval" / when / "summary.json").read_text())
+        assert eval_summary["pass@1"] == result["success"]
+    assert held["before"]["sampling"] == held["after"]["sampling"]
+    before, after = (f"{100 * held[w]['success']:.1f}%" for w in ("before", "after"))
+    assert f"held-out success (4 tasks never trained on, greedy): {before} -> {after}" in screen
+    assert f"run directory:     {tmp_path}" in screen and str(tmp_path / "summary.png") in screen
+    assert "first trained step after" in screen
+
+    first = summary["time_to_first_step_s"]
+    assert 0 < first <= summary["times"]["total_s"]
+    assert {"ray_s", "servers_s", "learners_s", "first_batch_s"} <= set(summary["startup"])
+
+    steps = summary["steps"]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [f"step_{steps:06d}"]
+    assert [p.name for p in (tmp_path / "weights").iterdir()] == [f"v{steps:06d}"]
+    model_bytes = (tmp_path / "weights" / f"v{steps:06d}" / "model.safetensors").stat().st_size
+    checkpoint = sum(p.stat().st_size for p in (tmp_path / "checkpoints").rglob("*"))
+    assert checkpoint <= 3.2 * model_bytes  # model and AdamW's two moments, once
+    assert summary["final_weights"] == str(tmp_path / "weights" / f"v{steps:06d}")
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     steps = 6
