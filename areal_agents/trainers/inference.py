@@ -194,8 +194,9 @@ def launch_local_servers(
             if log_dir is not None:
                 log_dir.mkdir(parents=True, exist_ok=True)
             log = None if log_dir is None else log_dir / f"server-{i}.log"
-            servers.append(_create(cfg, str(model_dir), served_name, "127.0.0.1", log))
-            servers[-1].start()
+            server = _create(cfg, str(model_dir), served_name, "127.0.0.1", log)
+            servers.append(server)
+            server.start()
     except BaseException:
         stop_servers(servers)
         raise
