@@ -158,6 +158,7 @@ def _overrides(args: argparse.Namespace, staleness: int, out_dir: Path) -> list[
         f"trainer.max_concurrent_groups={args.concurrent_groups}",
         f"trainer.seed={args.seed}",
         "trainer.checkpoint_every=0",
+        "eval.held_out_tasks=0",  # throughput only: no held-out evaluation around the runs
         "trainer.resume=never",
         f"inference.max_tokens={args.max_tokens}",
         "algo=grpo",

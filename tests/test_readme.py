@@ -53,6 +53,7 @@ TINY_TRAIN = (
     "log.progress=false",
     "log.tensorboard=false",
     "ray.num_cpus=2",
+    "eval.held_out_tasks=2",
 )
 TINY_EVAL = (
     "num_episodes=2",

@@ -38,6 +38,7 @@ TINY = [
     "log.progress=false",
     "log.tensorboard=false",
     "ray.num_cpus=2",
+    "eval.held_out_tasks=0",
 ]
 
 
@@ -180,6 +181,54 @@ def test_time_budget_stops_cleanly_and_threads_reach_every_process(tmp_path: Pat
 
 
 @pytest.mark.integration
+def test_a_test_sized_run_of_the_main_command(tmp_path: Path) -> None:
+    """What a newcomer's run shows, at test size: held-out success before and after (in
+    summary.json and on the closing screen), the stop on the time budget, the time to the first
+    trained step, and a lean run directory (one checkpoint, one copy of the served weights)."""
+    args = [
+        *TINY,
+        "trainer.total_steps=1000",
+        "trainer.time_budget_s=40",  # a few steps, even on a busy machine
+        "trainer.checkpoint_interval_s=1",  # a checkpoint after every step: one stays
+        "eval.held_out_tasks=4",
+        f"output_dir={tmp_path}",
+    ]
+    proc = run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    screen = out.decode()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stop_reason"] == "time_budget" and 1 <= summary["steps"] < 1000
+
+    held = summary["held_out"]
+    assert held["tasks"] == 4 and held["excluded_from_training"] is True
+    for when in ("before", "after"):
+        result = held[when]
+        assert result["episodes"] == 4 and 0.0 <= result["success"] <= 1.0
+        assert result["sampling"]["temperature"] == 0.0  # greedy, the same both times
+        assert Path(result["viewer"]).is_file()
+        eval_summary = json.loads((tmp_path / "eval" / when / "summary.json").read_text())
+        assert eval_summary["pass@1"] == result["success"]
+    assert held["before"]["sampling"] == held["after"]["sampling"]
+    before, after = (f"{100 * held[w]['success']:.1f}%" for w in ("before", "after"))
+    assert f"held-out success (4 tasks never trained on, greedy): {before} -> {after}" in screen
+    assert f"run directory:     {tmp_path}" in screen and str(tmp_path / "summary.png") in screen
+    assert "first trained step after" in screen
+
+    first = summary["time_to_first_step_s"]
+    assert 0 < first <= summary["times"]["total_s"]
+    assert {"ray_s", "servers_s", "learners_s", "first_batch_s"} <= set(summary["startup"])
+
+    steps = summary["steps"]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [f"step_{steps:06d}"]
+    assert [p.name for p in (tmp_path / "weights").iterdir()] == [f"v{steps:06d}"]
+    model_bytes = (tmp_path / "weights" / f"v{steps:06d}" / "model.safetensors").stat().st_size
+    checkpoint = sum(p.stat().st_size for p in (tmp_path / "checkpoints").rglob("*"))
+    assert checkpoint <= 3.2 * model_bytes  # model and AdamW's two moments, once
+    assert summary["final_weights"] == str(tmp_path / "weights" / f"v{steps:06d}")
+
+
+@pytest.mark.integration
 @pytest.mark.slow
 def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     steps = 6
@@ -188,6 +237,7 @@ def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
         f"trainer.total_steps={steps}",
         "trainer.max_staleness=1",
         "trainer.batch_order=admission",  # batches independent of episode timing
+        "trainer.checkpoint_every=1",  # the kill lands after a checkpoint on the way
     ]
     reference, killed = tmp_path / "reference", tmp_path / "killed"
 
@@ -229,6 +279,35 @@ def test_sigkill_and_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     trained = [i for _, ids in resumed for i in ids]
     assert len(trained) == len(set(trained)), "a trajectory was trained twice"
     assert json.loads((killed / "summary.json").read_text())["final_version"] == steps
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_after_the_step_with_a_checkpoint_and_the_rerun_resumes(
+    sig: signal.Signals, tmp_path: Path
+) -> None:
+    # no checkpoint by step or time on the way: the one on disk is the signal's
+    common = [*TINY, "trainer.checkpoint_interval_s=null", f"output_dir={tmp_path}"]
+    proc = run([*common, "trainer.total_steps=1000"], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while len(read_jsonl(tmp_path / "metrics.jsonl")) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, sig)  # as Ctrl-C in a terminal: the whole process group
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + sig, err.decode()[-3000:]
+    assert f"{sig.name}: stopping after this step" in err.decode()
+    done = len(read_jsonl(tmp_path / "metrics.jsonl"))
+    ckpts = [p.name for p in (tmp_path / "checkpoints").iterdir()]
+    assert ckpts == [f"step_{done:06d}"]  # the step that was running is saved, nothing lost
+    assert not (tmp_path / "summary.json").exists()  # not finished: a re-run continues it
+
+    proc = run([*common, f"trainer.total_steps={done + 1}"], stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    assert f"resuming step_{done:06d}" in out.decode()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, done + 2))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [f"step_{done + 1:06d}"]
 
 
 def _finished_run_dir(run_dir: Path, step: int, elapsed_s: float = 10.0) -> None:

@@ -30,6 +30,7 @@ from areal_agents.trainers.algorithms import AlgoConfig
 
 __all__ = [
     "EnvConfig",
+    "HeldOutConfig",
     "InferenceConfig",
     "LogConfig",
     "LoraConfig",
@@ -189,10 +190,17 @@ class TrainerConfig:
     max_concurrent_groups: int | None = None
     """Groups a rollout worker runs at the same time (each runs ``group_size`` episodes);
     None: ``groups_per_step`` (one batch generating while the learner trains the last)."""
-    checkpoint_every: int = 1
-    """Steps between checkpoints (0: only at the end)."""
-    keep_checkpoints: int = 2
-    """Checkpoints kept on disk."""
+    checkpoint_every: int = 0
+    """Steps between checkpoints (0: none by step count; see ``checkpoint_interval_s``). The
+    last step, an early stop (time budget) and a stop on SIGTERM/SIGINT are always saved."""
+    checkpoint_interval_s: float | None = 600.0
+    """Seconds of training between checkpoints (checked after each step); None: none by time.
+    After a ``kill -9`` the re-run resumes exactly from the last one, so this bounds the work
+    a hard kill can lose."""
+    keep_checkpoints: int = 1
+    """Checkpoints kept on disk. A new one is complete (renamed into place) before an old one
+    is deleted, so one is always whole; with 1, the run directory holds one checkpoint (model
+    and optimizer, about 3x the model's size in fp32) plus the served weights (1x)."""
     resume: Literal["auto", "never"] = "auto"
     """``auto``: continue an unfinished run found in ``output_dir``; ``never``: refuse to reuse
     a directory that holds a run."""
@@ -386,6 +394,22 @@ class LogConfig:
 
 
 @dataclass
+class HeldOutConfig:
+    """Held-out evaluation: the same tasks scored before training and at the end."""
+
+    held_out_tasks: int = 64
+    """Held-out tasks (0: no evaluation). Task ``i`` is the one ``env.reset(seed=seed + i)``
+    draws, as in ``python -m areal_agents.eval``; training never draws a task with one of their
+    ids. Each is played once, greedily, with ``inference.max_tokens`` per turn, against the
+    trainer's own server: before the first step (the base weights) and after the last."""
+    seed: int = 0
+    """The environment seed of held-out task 0."""
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "eval")
+
+
+@dataclass
 class TrainConfig:
     """The root of ``python -m areal_agents.train``."""
 
@@ -403,6 +427,8 @@ class TrainConfig:
     """Process placement."""
     log: LogConfig = field(default_factory=LogConfig)
     """Metrics, transcripts, progress bar."""
+    eval: HeldOutConfig = field(default_factory=HeldOutConfig)
+    """Held-out success before and after training."""
     output_dir: str | None = None
     """Run directory (None: ``runs/<env>-<algo>``; re-running the same command resumes it)."""
 

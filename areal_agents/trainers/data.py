@@ -17,12 +17,15 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["TaskRef", "TaskStream", "task_seed"]
+from areal_agents.errors import ConfigError
+
+__all__ = ["TaskRef", "TaskStream", "avoid_tasks", "task_id_of", "task_seed"]
 
 
 def task_seed(data_seed: int, index: int) -> int:
@@ -62,3 +65,44 @@ class TaskStream:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.data_seed = int(state.get("data_seed", self.data_seed))
         self.cursor = int(state["cursor"])
+
+
+def task_id_of(env: Any, seed: int) -> str:
+    """The id of the task ``env.reset(seed=seed)`` draws, without resetting (no sandbox is
+    acquired): the environment's ``sample_task`` with the generator ``reset`` would seed.
+
+    Raises :class:`ConfigError` for an environment that has no ``sample_task`` (its tasks
+    cannot be told apart before a reset, so none can be held out)."""
+    from gymnasium.utils import seeding
+
+    sample = getattr(env.unwrapped, "sample_task", None)
+    if sample is None:
+        raise ConfigError(
+            f"{type(env.unwrapped).__name__} has no sample_task, so no task can be held out "
+            "of training: set eval.held_out_tasks=0"
+        )
+    return str(sample(seeding.np_random(int(seed))[0]).id)
+
+
+def avoid_tasks(env: Any, seed: int, excluded: Collection[str], tries: int = 1000) -> int:
+    """``seed``, or the first of a fixed sequence of seeds derived from it whose task is not in
+    ``excluded`` (task ids): every sample of a group, and a resumed run, make the same choice.
+
+    >>> from areal_agents.envs.registry import make_env
+    >>> env = make_env("calculator")
+    >>> held = {task_id_of(env, 5)}
+    >>> avoid_tasks(env, 7, held) == 7, avoid_tasks(env, 5, held) != 5
+    (True, True)
+    >>> task_id_of(env, avoid_tasks(env, 5, held)) in held
+    False
+    """
+    if not excluded:
+        return seed
+    for attempt in range(tries):
+        candidate = seed if attempt == 0 else task_seed(seed, attempt)
+        if task_id_of(env, candidate) not in excluded:
+            return candidate
+    raise ConfigError(
+        f"{tries} seeds in a row drew held-out tasks: the environment has too few distinct "
+        "tasks for eval.held_out_tasks; lower it (or 0)"
+    )

@@ -41,6 +41,7 @@ from areal_agents.trainers.runtime import remote_class
 
 __all__ = [
     "WeightSync",
+    "launch_local_servers",
     "server_torch_threads",
     "start_servers",
     "stop_servers",
@@ -188,16 +189,12 @@ def start_servers(
     *,
     on_cluster: bool,
     log_dir: Path | None = None,
+    launched: list[InferenceServer] | None = None,
 ) -> list[InferenceServer]:
-    """Start ``cfg.num_servers`` servers on ``model_dir`` and wait until they answer."""
+    """Start ``cfg.num_servers`` servers on ``model_dir`` and wait until they answer
+    (``launched``: local servers :func:`launch_local_servers` already started, to wait for)."""
     if not on_cluster:
-        servers = []
-        for i in range(cfg.num_servers):  # started from this (the main) thread: see _create
-            if log_dir is not None:
-                log_dir.mkdir(parents=True, exist_ok=True)
-            log = None if log_dir is None else log_dir / f"server-{i}.log"
-            servers.append(_create(cfg, str(model_dir), served_name, "127.0.0.1", log))
-            servers[-1].start()
+        servers = launched or launch_local_servers(cfg, model_dir, served_name, log_dir)
         try:
             with concurrent.futures.ThreadPoolExecutor(cfg.num_servers) as pool:
                 list(pool.map(lambda s: s.wait_ready(timeout=cfg.startup_timeout_s), servers))
@@ -214,6 +211,26 @@ def start_servers(
         for i in range(cfg.num_servers)
     ]
     return [_RemoteServer(h) for h in handles]
+
+
+def launch_local_servers(
+    cfg: InferenceConfig, model_dir: Path, served_name: str, log_dir: Path | None = None
+) -> list[InferenceServer]:
+    """Start the processes of ``cfg.num_servers`` local servers without waiting for them (they
+    load the model while Ray starts); :func:`start_servers` waits."""
+    servers: list[InferenceServer] = []
+    try:
+        for i in range(cfg.num_servers):  # started from this (the main) thread: see _create
+            if log_dir is not None:
+                log_dir.mkdir(parents=True, exist_ok=True)
+            log = None if log_dir is None else log_dir / f"server-{i}.log"
+            server = _create(cfg, str(model_dir), served_name, "127.0.0.1", log)
+            servers.append(server)
+            server.start()
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers
 
 
 def stop_servers(servers: list[InferenceServer]) -> None:

@@ -12,13 +12,16 @@ The driver loop below repeats::
 ``trainer.mode=sync`` is the same loop with staleness 0: nothing is admitted while the learner
 works, so generation and learning alternate. The run ends after ``trainer.total_steps``, or
 earlier once ``trainer.time_budget_s`` of training time is spent (no step starts after it);
-either way the last step is checkpointed and ``summary.json`` gives the ``stop_reason``.
+either way the last step is checkpointed and ``summary.json`` gives the ``stop_reason``. On the
+way a checkpoint is saved every ``trainer.checkpoint_interval_s`` seconds (and every
+``trainer.checkpoint_every`` steps if set), and on SIGTERM/SIGINT after the current step.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
-import signal
+import os
 import statistics
 import time
 from pathlib import Path
@@ -34,8 +37,16 @@ from areal_agents.trainers.buffer import Group, TrajectoryBuffer
 from areal_agents.trainers.checkpoint import CheckpointManager, load_rng, save_rng
 from areal_agents.trainers.cluster import spread
 from areal_agents.trainers.config import TrainConfig
+from areal_agents.trainers.held_out import (
+    closing_screen,
+    disk_mb,
+    evaluate,
+    held_out_task_ids,
+    load_result,
+)
 from areal_agents.trainers.inference import (
     WeightSync,
+    launch_local_servers,
     server_torch_threads,
     start_servers,
     stop_servers,
@@ -56,7 +67,9 @@ from areal_agents.trainers.runtime import (
     save_config,
     start_ray,
     stop_ray,
+    worker_env,
 )
+from areal_agents.trainers.stop import GracefulStop, StartupClock
 
 __all__ = ["train"]
 
@@ -65,8 +78,10 @@ logger = logging.getLogger(__name__)
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Run (or resume) the training described by ``cfg``; returns the run summary."""
+    clock = StartupClock()
     run_dir, resume_from = choose_run_dir(cfg)
     check_env(cfg)
+    held_out = held_out_task_ids(cfg)  # never trained on; scored before and after
     model_dir = prepare_model_dir(cfg.model, run_dir)  # the chat-template gate: before Ray
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
@@ -74,25 +89,46 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     ckpt.clean_partial()
     print(f"run directory: {run_dir}" + (f" (resuming {resume_from.name})" if resume_from else ""))
 
-    started_ray = start_ray(cfg.ray)
-    # After ray.init (which installs its own handler): SIGTERM unwinds like Ctrl-C, so that
-    # servers, actors and sandboxes are closed.
-    signal.signal(signal.SIGTERM, _terminate)
+    clock.mark("prepare_s")  # the environment built once, the model directory, the template
+    # Before ray.init a signal unwinds at once (closing what started); ray.init installs its own
+    # SIGTERM handler, so the stop handler is installed again after it. In the loop either
+    # signal stops after the current step with a checkpoint.
+    stop = GracefulStop()
+    stop.install()
     servers: list[Any] = []
     learners: LearnerGroup | None = None
     workers: list[Any] = []
     runs: list[Any] = []
+    started_ray = False
     try:
-        # ---- set-up: servers, buffer, learners; restore the checkpoint -------------------
-        servers = start_servers(
-            cfg.inference,
-            model_dir,
-            "policy",
-            on_cluster=bool(cfg.ray.address),
-            log_dir=run_dir / "logs",
-        )
-        buffer = remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
-        learners = LearnerGroup(cfg, model_dir)
+        if not cfg.ray.address:  # local servers load the model while Ray starts
+            os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
+            servers = launch_local_servers(cfg.inference, model_dir, "policy", run_dir / "logs")
+        started_ray = start_ray(cfg.ray)
+        stop.install()
+        clock.mark("ray_s")
+        # ---- set-up: learners (loading meanwhile), servers, buffer; restore the checkpoint --
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learners") as pool:
+            building = pool.submit(LearnerGroup, cfg, model_dir)
+            servers = start_servers(
+                cfg.inference,
+                model_dir,
+                "policy",
+                on_cluster=bool(cfg.ray.address),
+                log_dir=run_dir / "logs",
+                launched=servers,
+            )
+            clock.mark("servers_s")
+            buffer = (
+                remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
+            )
+            before = held_out_before(cfg, servers, run_dir, fresh=resume_from is None)
+            clock.mark("eval_before_s")
+            if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
+                workers = start_workers(cfg, servers, model_dir, buffer, held_out or frozenset())
+                runs = [w.run.remote() for w in workers]
+            learners = building.result()
+        clock.mark("learners_s")  # the part of the learners' load that servers did not overlap
         threads = {
             "learner": learners.info["torch_threads"],
             "servers": server_torch_threads(servers),
@@ -112,11 +148,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             elapsed_before = float(read_json(resume_from / "trainer.json")["elapsed_s"])
             sync.push(learners, step)  # the servers start from the base weights
             ray.get(buffer.set_version.remote(version=step))
+            # ---- rollout workers generate in the background from here on -----------------
+            workers = start_workers(cfg, servers, model_dir, buffer, held_out or frozenset())
+            runs = [w.run.remote() for w in workers]
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
-
-        # ---- rollout workers generate in the background from here on ---------------------
-        workers = start_workers(cfg, servers, model_dir, buffer)
-        runs = [w.run.remote() for w in workers]
 
         start = time.perf_counter() - elapsed_before
         bar = tqdm(
@@ -127,21 +162,28 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             unit="step",
             dynamic_ncols=True,
         )
-        last_ckpt = step
+        last_ckpt, last_ckpt_at = step, time.perf_counter()
         budget = cfg.trainer.time_budget_s
         deadline = None if budget is None else start + budget
         stop_reason = "total_steps"
         stats = ray.get(buffer.stats.remote())  # dropped episodes are counted from here on
+        stop.arm()
+        first_step = step
         while step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
-            groups = wait_for_batch(buffer, runs, bar, deadline)
-            if groups is None:  # the time budget ran out before this step could start
-                stop_reason = "time_budget"
+            groups = None if stop.requested else wait_for_batch(buffer, runs, bar, deadline, stop)
+            if groups is None:  # a signal, or the time budget ran out before this step started
+                stop_reason = stop.name or "time_budget"
                 break
             t1 = time.perf_counter()
+            if step == first_step:
+                clock.mark("first_batch_s")
             trajectories = [t for g in groups for t in g.trajectories]
             learn = learners.train_step(trajectories)
             t2 = time.perf_counter()
+            if step == first_step:
+                clock.mark("first_train_s")
+                clock.first_step_done()
             step += 1
             sync_s = sync.push(learners, step)
             ray.get(buffer.set_version.remote(version=step))
@@ -163,15 +205,24 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             bar.update(1)
             bar.set_postfix(progress_postfix(metrics))  # tool errors and drops when non-zero
 
-            if checkpoint_due(step, cfg):
+            if checkpoint_due(step, cfg, time.perf_counter() - last_ckpt_at):
                 save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
-                last_ckpt = step
+                last_ckpt, last_ckpt_at = step, time.perf_counter()
         if step != last_ckpt:  # stopped early: the last step is saved as at a normal end
             save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
         bar.close()
         log.close()
+        if stop.requested:
+            print(f"stopped after step {step} on {stop.name}: checkpoint saved; re-run to resume")
+            raise SystemExit(stop.exit_code)
         if stop_reason == "time_budget":
             print(f"stopped after step {step}: trainer.time_budget_s={budget} s spent")
+        stop_workers(workers, runs)  # the held-out evaluation has the servers to itself
+        eval_start = time.perf_counter()
+        after = None
+        if cfg.eval.held_out_tasks:
+            after = evaluate(cfg, str(servers[0].base_url), "policy", run_dir / "eval" / "after")
+        weights = run_dir / "weights" / f"v{step:06d}"
         extra = {
             "run_dir": str(run_dir),
             "finished": True,
@@ -180,21 +231,39 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "env": cfg.env.name,
             "model": cfg.model.name,
             "torch_threads": threads,
+            **clock.summary(),
+            "held_out": {
+                "tasks": cfg.eval.held_out_tasks,
+                "seed": cfg.eval.seed,
+                "excluded_from_training": held_out is not None,
+                "before": before,
+                "after": after,
+            },
+            "final_weights": str(weights) if weights.is_dir() else None,
+            "disk_mb": {
+                "checkpoints": disk_mb(run_dir / "checkpoints"),
+                "weights": disk_mb(run_dir / "weights"),
+                "run_dir": disk_mb(run_dir),
+            },
+            "times": {
+                "total_s": round(time.time() - clock.process_start, 3),
+                "eval_s": round(
+                    clock.phases.get("eval_before_s", 0.0) + time.perf_counter() - eval_start, 3
+                ),
+            },
         }
         summary = write_summary(run_dir, extra)
         write_transcript_viewer(run_dir, summary)
         refresh_report(run_dir)
         print_summary(summary)
+        print(closing_screen(summary))
         return summary
     finally:
         shutdown(workers, runs, learners, servers, started_ray)
+        stop.uninstall()
 
 
 # ---- helpers the loop names ----------------------------------------------------------------
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def check_env(cfg: TrainConfig) -> None:
@@ -214,14 +283,44 @@ def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
-def checkpoint_due(step: int, cfg: TrainConfig) -> bool:
+def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bool:
     """Whether step ``step`` is checkpointed: every ``trainer.checkpoint_every`` steps (0:
-    never on the way) and always the last one."""
-    every = cfg.trainer.checkpoint_every
-    return bool(every and step % every == 0) or step == cfg.trainer.total_steps
+    not by count), once ``trainer.checkpoint_interval_s`` seconds have passed since the last
+    checkpoint (``since_last_s``), and always the last one."""
+    every, interval = cfg.trainer.checkpoint_every, cfg.trainer.checkpoint_interval_s
+    by_time = interval is not None and since_last_s >= interval
+    return bool(every and step % every == 0) or by_time or step == cfg.trainer.total_steps
 
 
-def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer: Any) -> list[Any]:
+def held_out_before(
+    cfg: TrainConfig, servers: list[Any], run_dir: Path, *, fresh: bool
+) -> dict[str, Any] | None:
+    """Held-out success of the base weights: measured now on a fresh run (before any step),
+    read back from ``<run>/eval/before`` on a resumed one; None with ``eval.held_out_tasks=0``."""
+    if not cfg.eval.held_out_tasks:
+        return None
+    directory = run_dir / "eval" / "before"
+    if not fresh:
+        return load_result(directory)
+    return evaluate(cfg, str(servers[0].base_url), "policy", directory)
+
+
+def stop_workers(workers: list[Any], runs: list[Any]) -> None:
+    """Ask the rollout workers to stop and wait (briefly) until they have."""
+    try:
+        ray.get([w.stop.remote() for w in workers], timeout=10)
+        ray.wait(runs, num_returns=len(runs), timeout=60)
+    except Exception:
+        logger.debug("stopping the rollout workers failed", exc_info=True)
+
+
+def start_workers(
+    cfg: TrainConfig,
+    servers: list[Any],
+    model_dir: Path,
+    buffer: Any,
+    exclude_task_ids: frozenset[str] = frozenset(),
+) -> list[Any]:
     urls = [str(s.base_url) for s in servers]
     actor = remote_class(RolloutWorkerActor)
     return [
@@ -238,6 +337,7 @@ def start_workers(cfg: TrainConfig, servers: list[Any], model_dir: Path, buffer:
             buffer=buffer,
             worker_id=i,
             max_concurrent_groups=cfg.trainer.concurrent_groups,
+            exclude_task_ids=exclude_task_ids,
         )
         for i in range(cfg.trainer.rollout_workers)
     ]
@@ -249,13 +349,18 @@ def over(deadline: float | None) -> bool:
 
 
 def wait_for_batch(
-    buffer: Any, runs: list[Any], bar: Any, deadline: float | None = None, poll_s: float = 0.2
+    buffer: Any,
+    runs: list[Any],
+    bar: Any,
+    deadline: float | None = None,
+    stop: GracefulStop | None = None,
+    poll_s: float = 0.2,
 ) -> list[Group] | None:
-    """The next batch, or None once ``deadline`` has passed (no batch is taken after it); fails
-    fast if a rollout worker died instead of waiting forever."""
+    """The next batch, or None once ``deadline`` has passed or a stop was requested (no batch
+    is taken after it); fails fast if a rollout worker died instead of waiting forever."""
     polls = 0
     while True:
-        if over(deadline):
+        if over(deadline) or (stop is not None and stop.requested):
             return None
         batch = ray.get(buffer.pop_batch.remote())
         if batch is not None:
@@ -354,6 +459,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         "dropped_episodes",
         "tokens_per_s_mean",
         "wall_s",
+        "time_to_first_step_s",
         "run_dir",
     )
     print("summary: " + ", ".join(f"{k}={summary.get(k)}" for k in keys))
@@ -367,11 +473,7 @@ def shutdown(
     started_ray: bool,
 ) -> None:
     """Stop everything this run started, in reverse order; best effort."""
-    try:  # workers close their environments (and sandboxes) when their run() returns
-        ray.get([w.stop.remote() for w in workers], timeout=10)
-        ray.wait(runs, num_returns=len(runs), timeout=60)
-    except Exception:
-        logger.debug("stopping the rollout workers failed", exc_info=True)
+    stop_workers(workers, runs)  # workers close their environments (and sandboxes) on return
     for w in workers:
         ray.kill(w)
     if learners is not None:

@@ -17,7 +17,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,7 +29,7 @@ from areal_agents.rollout import Episode, run_episode
 from areal_agents.sandboxes import shutdown_sandboxes
 from areal_agents.trainers.buffer import TrajectoryBuffer
 from areal_agents.trainers.config import EnvConfig
-from areal_agents.trainers.data import TaskRef
+from areal_agents.trainers.data import TaskRef, avoid_tasks
 from areal_agents.types import Trajectory, TrajectoryMetadata
 
 __all__ = ["BufferClient", "LocalBuffer", "RayBuffer", "RolloutWorker", "WorkerStats"]
@@ -136,6 +136,8 @@ class RolloutWorker:
         max_concurrent_groups: groups in flight at once.
         worker_id: this worker's number (for logs and trajectory metadata).
         env_factory: builds an environment (default ``make_env(env.name, **env.make_kwargs())``).
+        exclude_task_ids: ids of held-out tasks: a task seed that draws one is replaced by the
+            next derived seed that does not (:func:`~areal_agents.trainers.data.avoid_tasks`).
     """
 
     def __init__(
@@ -147,6 +149,7 @@ class RolloutWorker:
         max_concurrent_groups: int = 4,
         worker_id: int = 0,
         env_factory: Callable[[], gym.Env[Any, Any]] | None = None,
+        exclude_task_ids: Collection[str] = (),
     ) -> None:
         if not policies:
             raise ValueError("a rollout worker needs at least one policy")
@@ -156,6 +159,7 @@ class RolloutWorker:
         self.max_concurrent_groups = max_concurrent_groups
         self.worker_id = worker_id
         self._factory = env_factory or self._make_env
+        self.exclude_task_ids = frozenset(exclude_task_ids)
         self._pool: list[gym.Env[Any, Any]] = []  # idle environments, reused
         self._envs: set[gym.Env[Any, Any]] = set()  # every open environment
         self._next_policy = 0
@@ -241,7 +245,8 @@ class RolloutWorker:
             policy = self.policies[self._next_policy % len(self.policies)]
             self._next_policy += 1
             try:
-                episode = await run_episode(env, policy, seed=ref.seed)
+                seed = avoid_tasks(env, ref.seed, self.exclude_task_ids)
+                episode = await run_episode(env, policy, seed=seed)
             except InfrastructureError as e:
                 kind = type(e).__name__
                 self.stats.errors[kind] = self.stats.errors.get(kind, 0) + 1

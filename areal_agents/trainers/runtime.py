@@ -205,6 +205,7 @@ class RolloutWorkerActor:
         buffer: Any,
         worker_id: int,
         max_concurrent_groups: int,
+        exclude_task_ids: frozenset[str] = frozenset(),
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -232,6 +233,7 @@ class RolloutWorkerActor:
             RayBuffer(buffer),
             max_concurrent_groups=max_concurrent_groups,
             worker_id=worker_id,
+            exclude_task_ids=exclude_task_ids,
         )
 
     async def run(self) -> WorkerStats:

@@ -424,6 +424,7 @@ def test_train_two_steps_of_the_tiny_model_against_a_served_environment(
         "log.progress=false",
         "log.tensorboard=false",
         "ray.num_cpus=2",
+        "eval.held_out_tasks=0",
         f"output_dir={out}",
     ]
     done = subprocess.run(

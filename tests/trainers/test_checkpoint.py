@@ -43,3 +43,25 @@ def test_rng_round_trip(tmp_path: Path) -> None:
     first = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     load_rng(tmp_path / "rng.pkl")
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == first
+
+
+def test_lean_default_keeps_one_and_the_old_one_until_the_new_one_is_whole(
+    tmp_path: Path,
+) -> None:
+    from areal_agents.trainers.config import TrainerConfig
+
+    keep = TrainerConfig().keep_checkpoints
+    assert keep == 1  # the lean run directory: one checkpoint by default
+    ckpt = CheckpointManager(tmp_path, keep=keep)
+    for step in (1, 2):
+        tmp = ckpt.begin(step)
+        write_json(tmp / "trainer.json", {"step": step})
+        if step == 2:  # being written: the old one is still there, and still the latest
+            assert [p.name for p in ckpt.all()] == ["step_000001"]
+        ckpt.commit(tmp, step)
+    assert [p.name for p in ckpt.all()] == ["step_000002"]
+    half = ckpt.begin(3)  # killed while writing step 3: step 2 stays whole and resumable
+    write_json(half / "trainer.json", {"step": 3})
+    assert read_json(ckpt.latest() / "trainer.json") == {"step": 2}  # type: ignore[operator]
+    ckpt.clean_partial()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000002"]

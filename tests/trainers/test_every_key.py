@@ -26,7 +26,7 @@ from areal_agents.net import free_port
 from areal_agents.trainers.algorithms import PRESETS, AlgoConfig
 from areal_agents.trainers.batching import sequence_logprobs
 from areal_agents.trainers.buffer import TrajectoryBuffer
-from areal_agents.trainers.config import ModelConfig, TrainConfig, TrainerConfig
+from areal_agents.trainers.config import HeldOutConfig, ModelConfig, TrainConfig, TrainerConfig
 from areal_agents.trainers.learner import Learner, LearnerSpec
 from areal_agents.trainers.modeling import load_policy, tiny_model_path
 from areal_agents.types import Trajectory
@@ -470,9 +470,22 @@ def test_checkpoint_every_and_total_steps() -> None:
         cfg = load_config(TrainConfig, ["env=calculator", "trainer.total_steps=5", *overrides])
         return [s for s in range(1, 6) if checkpoint_due(s, cfg)]
 
-    assert due() == [1, 2, 3, 4, 5]
+    assert due() == [5]  # by default: by time (not reached here) and the last step
+    assert due("trainer.checkpoint_every=1") == [1, 2, 3, 4, 5]
     assert due("trainer.checkpoint_every=2") == [2, 4, 5]
     assert due("trainer.checkpoint_every=0") == [5]  # the last step always
+
+
+def test_checkpoint_interval_s_saves_by_time() -> None:
+    from areal_agents.config import load_config
+    from areal_agents.trainers.loop import checkpoint_due
+
+    cfg = load_config(TrainConfig, ["env=calculator", "trainer.checkpoint_interval_s=30"])
+    assert not checkpoint_due(1, cfg, since_last_s=29.0)
+    assert checkpoint_due(1, cfg, since_last_s=30.0)
+    off = load_config(TrainConfig, ["env=calculator", "trainer.checkpoint_interval_s=null"])
+    assert not checkpoint_due(1, off, since_last_s=1e9)
+    assert checkpoint_due(off.trainer.total_steps, off, since_last_s=0.0)
 
 
 def test_rollout_workers_and_concurrent_groups_shape_the_workers(
@@ -556,16 +569,20 @@ COVERED: dict[str, str] = {
         "test_rollout_workers_and_concurrent_groups_shape_the_workers"
     ),
     "trainer.checkpoint_every": "test_checkpoint_every_and_total_steps",
+    "trainer.checkpoint_interval_s": "test_checkpoint_interval_s_saves_by_time",
     "trainer.learner_ranks": "tests/trainers/test_fsdp_equivalence.py",
     "trainer.keep_checkpoints": "tests/trainers/test_checkpoint.py",
     "trainer.resume": "tests/test_train.py",
     "trainer.time_budget_s": "tests/test_train.py",
+    "eval.held_out_tasks": "tests/trainers/test_held_out.py",
+    "eval.seed": "tests/trainers/test_held_out.py",
 }
 
 
 def test_every_key_has_a_check() -> None:
     keys = {f"algo.{f.name}" for f in dataclasses.fields(AlgoConfig)}
     keys |= {f"trainer.{f.name}" for f in dataclasses.fields(TrainerConfig)}
+    keys |= {f"eval.{f.name}" for f in dataclasses.fields(HeldOutConfig)}
     assert sorted(keys - set(COVERED)) == [], "a config key without a test of its effect"
     assert sorted(set(COVERED) - keys) == [], "a test table entry for a key that is gone"
     root = Path(__file__).resolve().parents[2]

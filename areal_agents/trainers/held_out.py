@@ -1,0 +1,155 @@
+"""Held-out success before and after training, measured the same way, and the closing screen.
+
+The held-out tasks are those ``python -m areal_agents.eval`` plays with ``seed=eval.seed``: task
+``i`` is the one ``env.reset(seed=eval.seed + i)`` draws. Their ids are known before anything
+starts (:func:`held_out_task_ids`); the rollout workers never train on a task with one of them
+(:func:`~areal_agents.trainers.data.avoid_tasks`). :func:`evaluate` runs the eval command's
+own machinery (:func:`~areal_agents.eval.run_eval`) against the trainer's inference server,
+greedily, once per task, with the training's per-turn token limit: before the first step and
+after the last, into ``<run>/eval/before`` and ``<run>/eval/after`` (each with its
+``summary.json``, ``transcripts.jsonl`` and ``index.html`` viewer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from areal_agents.envs.registry import make_env
+from areal_agents.errors import ConfigError
+from areal_agents.files import read_json
+from areal_agents.trainers.config import TrainConfig
+from areal_agents.trainers.data import task_id_of
+
+__all__ = ["closing_screen", "disk_mb", "evaluate", "held_out_task_ids", "load_result"]
+
+logger = logging.getLogger(__name__)
+
+
+def held_out_task_ids(cfg: TrainConfig) -> frozenset[str] | None:
+    """The ids of the ``eval.held_out_tasks`` held-out tasks (empty when it is 0); None, with a
+    warning, for an environment that cannot name its tasks before a reset (no
+    ``sample_task``, e.g. a remote one): its held-out tasks are then only different seeds."""
+    n = cfg.eval.held_out_tasks
+    if n == 0:
+        return frozenset()
+    env = make_env(cfg.env.name, **cfg.env.make_kwargs())
+    try:
+        return frozenset(task_id_of(env, cfg.eval.seed + i) for i in range(n))
+    except ConfigError as e:
+        logger.warning("held-out tasks cannot be kept out of training: %s", e)
+        return None
+    finally:
+        env.close()
+
+
+def _result(summary: Mapping[str, Any], directory: Path) -> dict[str, Any]:
+    """The part of an eval summary the closing screen and ``summary.json`` show."""
+    return {
+        "success": summary.get("pass@1"),
+        "mean_reward": summary.get("mean_reward"),
+        "episodes": summary.get("episodes"),
+        "dropped": summary.get("episodes_dropped"),
+        "sampling": summary.get("sampling"),
+        "viewer": str(directory / "index.html"),
+    }
+
+
+def evaluate(cfg: TrainConfig, base_url: str, served_name: str, directory: Path) -> dict[str, Any]:
+    """Play the held-out tasks against ``base_url`` (the trainer's server) into ``directory``;
+    returns ``success`` (the share of tasks solved, ``pass@1``), ``mean_reward``, ``episodes``,
+    ``dropped``, ``sampling`` and ``viewer`` (the transcript viewer's path)."""
+    from areal_agents.eval import EvalConfig, EvalPolicyConfig, _make_policy, run_eval
+
+    shutil.rmtree(directory, ignore_errors=True)  # a half-written one from a killed run
+    directory.mkdir(parents=True)
+    ecfg = EvalConfig(
+        env=cfg.env.name,
+        env_kwargs=cfg.env.make_kwargs(),
+        policy=EvalPolicyConfig(
+            base_url=base_url,
+            model=served_name,
+            temperature=0.0,
+            max_tokens=cfg.inference.max_tokens,
+            timeout_s=cfg.inference.request_timeout_s,
+        ),
+        num_episodes=cfg.eval.held_out_tasks,
+        samples_per_task=1,
+        seed=cfg.eval.seed,
+        output_dir=str(directory),
+        progress=cfg.log.progress,
+    )
+    policy = _make_policy(ecfg.policy, base_url, served_name, ecfg.temperature)
+    summary = asyncio.run(run_eval(ecfg, policy))
+    return _result(summary, directory)
+
+
+def load_result(directory: Path) -> dict[str, Any] | None:
+    """The result of an evaluation already in ``directory`` (a resumed run's "before"), or
+    None when there is none."""
+    path = directory / "summary.json"
+    return _result(read_json(path), directory) if path.is_file() else None
+
+
+def disk_mb(path: Path) -> float:
+    """Megabytes of the files under ``path`` (0 when it does not exist)."""
+    if not path.exists():
+        return 0.0
+    return round(sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20, 1)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def closing_screen(summary: Mapping[str, Any]) -> str:
+    """The lines printed at the end of a run, from its ``summary.json`` contents."""
+    run = Path(str(summary.get("run_dir", ".")))
+    held = summary.get("held_out") or {}
+    before, after = held.get("before") or {}, held.get("after") or {}
+    lines = ["", "=" * 72]
+    lines.append(
+        f"trained {summary.get('steps')} steps ({summary.get('stop_reason')}) of "
+        f"{summary.get('env')} with {summary.get('model')}"
+    )
+    if held.get("tasks"):
+        b, a = before.get("success"), after.get("success")
+        gain = "" if a is None or b is None else f"  ({100 * (a - b):+.1f} points)"
+        lines.append(
+            f"held-out success ({held['tasks']} tasks never trained on, greedy): "
+            f"{_pct(b)} -> {_pct(a)}{gain}"
+        )
+    else:
+        lines.append("held-out success: not measured (eval.held_out_tasks=0)")
+    lines.append(
+        f"training reward (mean of a batch): first {summary.get('reward_first')}, "
+        f"last {summary.get('reward_last')}"
+    )
+    lines.append(f"reward curve:      {run / 'summary.png'} (per step: {run / 'metrics.jsonl'})")
+    lines.append(f"run directory:     {run} ({summary.get('disk_mb', {}).get('run_dir')} MB)")
+    lines.append(f"final weights:     {summary.get('final_weights') or 'n/a'}")
+    lines.append(f"report:            {run / 'report.html'} (open it in a browser)")
+    viewers = [str(run / "transcripts.html")] + [
+        str(r["viewer"]) for r in (before, after) if r.get("viewer")
+    ]
+    lines.append("transcripts:       " + ", ".join(viewers))
+    times = summary.get("times") or {}
+    lines.append(
+        f"time:              {_duration(times.get('total_s'))} in all; first trained step "
+        f"after {_duration(summary.get('time_to_first_step_s'))}; training "
+        f"{_duration(summary.get('wall_s'))}; held-out evaluation "
+        f"{_duration(times.get('eval_s'))}"
+    )
+    lines.append("=" * 72)
+    return "\n".join(lines)

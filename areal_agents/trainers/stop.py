@@ -1,0 +1,137 @@
+"""Stopping on SIGTERM or SIGINT (Ctrl-C) without losing the training done so far.
+
+Before the loop starts (Ray, servers and learners coming up) a signal unwinds at once, as an
+exception: there is nothing to save yet. Once :meth:`GracefulStop.arm` is called, the first
+signal only records the request: the loop finishes the step in progress, saves a checkpoint
+and exits with ``128 + signal`` (a re-run resumes from that checkpoint). A second signal
+unwinds at once, as before (the last checkpoint on disk is still whole: checkpoints are
+committed by rename).
+
+>>> import os, signal
+>>> stop = GracefulStop()
+>>> stop.install()
+>>> stop.arm()
+>>> os.kill(os.getpid(), signal.SIGTERM)
+>>> stop.requested, stop.exit_code
+(True, 143)
+>>> stop.uninstall()
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from types import FrameType
+from typing import Any
+
+__all__ = ["GracefulStop", "StartupClock"]
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class GracefulStop:
+    """A SIGTERM/SIGINT handler that turns the first signal into a stop request once armed."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.armed = False
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        """Whether a signal asked the run to stop (after :meth:`arm`)."""
+        return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status of a run stopped by signal ``signum``: ``128 + signum``."""
+        return 128 + (self.signum or 0)
+
+    @property
+    def name(self) -> str:
+        """The signal's name (``SIGTERM``), or an empty string."""
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def install(self) -> None:
+        """Take over SIGTERM and SIGINT (main thread only; call after ``ray.init``, which
+        installs its own SIGTERM handler)."""
+        for sig in _SIGNALS:  # installing again (after ray.init) keeps the first previous
+            self._previous.setdefault(sig, signal.signal(sig, self._handle))
+
+    def uninstall(self) -> None:
+        """Give the signals back to the handlers found by :meth:`install`."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def arm(self) -> None:
+        """From now on the first signal is a stop request, not an exception."""
+        self.armed = True
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.armed or self.signum is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self.signum = signum
+        print(
+            f"\n{signal.Signals(signum).name}: stopping after this step and saving a checkpoint "
+            "(send it again to quit at once; a re-run resumes from the last checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+class StartupClock:
+    """How long the command took to train its first step, measured from the process start.
+
+    :meth:`mark` closes a phase (seconds since the previous mark); :meth:`summary` gives
+    ``time_to_first_step_s`` (from the moment the process started, Python's imports included,
+    to the end of the first optimizer step) and ``startup`` (the phases).
+
+    >>> clock = StartupClock()
+    >>> clock.mark("ray_s")
+    >>> clock.first_step_done()
+    >>> s = clock.summary()
+    >>> list(s["startup"]), s["time_to_first_step_s"] >= s["startup"]["ray_s"] >= 0
+    (['imports_s', 'ray_s'], True)
+    """
+
+    def __init__(self) -> None:
+        self.process_start = _process_start()
+        self.phases: dict[str, float] = {}
+        self._last = time.time()
+        self.imports_s = round(self._last - self.process_start, 3)
+        self.first_step_at: float | None = None
+
+    def mark(self, phase: str) -> None:
+        """End ``phase`` now."""
+        now = time.time()
+        self.phases[phase] = round(now - self._last, 3)
+        self._last = now
+
+    def first_step_done(self) -> None:
+        """The first optimizer step of this invocation has finished."""
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+
+    def summary(self) -> dict[str, object]:
+        """``time_to_first_step_s`` (None if no step ran) and the ``startup`` phases, the first
+        of them ``imports_s`` (process start to the clock's creation)."""
+        first = self.first_step_at
+        return {
+            "time_to_first_step_s": None if first is None else round(first - self.process_start, 3),
+            "startup": {"imports_s": self.imports_s, **self.phases},
+        }
+
+
+def _process_start() -> float:
+    """When this process started (wall clock); now, if that cannot be read."""
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getpid()).create_time())
+    except Exception:  # pragma: no cover - psutil is a dependency
+        return time.time()

@@ -1,0 +1,90 @@
+"""Held-out tasks: the ones ``python -m areal_agents.eval`` plays, never trained on, and the
+closing screen that reports them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from areal_agents.config import load_config
+from areal_agents.envs.registry import make_env
+from areal_agents.trainers.buffer import TrajectoryBuffer
+from areal_agents.trainers.config import EnvConfig, TrainConfig
+from areal_agents.trainers.data import avoid_tasks, task_id_of, task_seed
+from areal_agents.trainers.held_out import closing_screen, held_out_task_ids
+from areal_agents.trainers.rollout_worker import LocalBuffer, RolloutWorker
+from tests.trainers.test_rollout_worker import AnswerPolicy, run
+
+
+def test_task_id_of_names_the_task_reset_draws() -> None:
+    env = make_env("calculator")
+    for seed in (0, 1, 17, 2**31):
+        env.reset(seed=seed)
+        assert task_id_of(env, seed) == env.unwrapped.task.id  # type: ignore[attr-defined]
+
+
+def test_held_out_tasks_and_seed_pick_the_eval_commands_tasks() -> None:
+    def ids(*overrides: str) -> frozenset[str] | None:
+        return held_out_task_ids(load_config(TrainConfig, ["env=calculator", *overrides]))
+
+    env = make_env("calculator")
+    eval_tasks = []
+    for i in range(5):  # python -m areal_agents.eval seed=3: task i is reset(seed=3 + i)
+        env.reset(seed=3 + i)
+        eval_tasks.append(env.unwrapped.task.id)  # type: ignore[attr-defined]
+    assert ids("eval.held_out_tasks=5", "eval.seed=3") == frozenset(eval_tasks)
+    assert ids("eval.held_out_tasks=5", "eval.seed=0") != frozenset(eval_tasks)
+    assert len(ids() or ()) == 64  # the default
+    assert ids("eval.held_out_tasks=0") == frozenset()
+
+
+def test_training_never_draws_a_held_out_task() -> None:
+    # hold out exactly the tasks the training stream would draw first: each must be replaced
+    env = make_env("calculator")
+    first = [task_seed(0, i) for i in range(4)]
+    held = frozenset(task_id_of(env, s) for s in first)
+    assert all(task_id_of(env, avoid_tasks(env, s, held)) not in held for s in first)
+    assert avoid_tasks(env, first[0], frozenset()) == first[0]  # nothing held out: unchanged
+
+    buffer = TrajectoryBuffer(groups_per_step=4, max_staleness=0, data_seed=0)
+    worker = RolloutWorker(
+        EnvConfig(name="calculator", group_size=2),
+        [AnswerPolicy()],
+        LocalBuffer(buffer),
+        max_concurrent_groups=4,
+        exclude_task_ids=held,
+    )
+    run(worker, buffer, groups=4)
+    batch = buffer.pop_batch()
+    assert batch is not None and sorted(g.task.index for g in batch) == [0, 1, 2, 3]
+    trained = [t.task_id for g in batch for t in g.trajectories]
+    assert trained and not set(trained) & held
+    for group in batch:  # the replacement is the same for every sample of a group
+        assert len({t.task_id for t in group.trajectories}) == 1
+
+
+def test_closing_screen_shows_before_after_and_where_things_are(tmp_path: Path) -> None:
+    summary = {
+        "run_dir": str(tmp_path),
+        "steps": 3,
+        "stop_reason": "time_budget",
+        "env": "calculator",
+        "model": "tiny",
+        "held_out": {
+            "tasks": 8,
+            "before": {"success": 0.25, "viewer": str(tmp_path / "eval/before/index.html")},
+            "after": {"success": 0.5, "viewer": str(tmp_path / "eval/after/index.html")},
+        },
+        "time_to_first_step_s": 61.0,
+        "wall_s": 125.0,
+        "times": {"total_s": 200.0, "eval_s": 10.0},
+        "disk_mb": {"run_dir": 12.5},
+        "final_weights": str(tmp_path / "weights/v000003"),
+    }
+    screen = closing_screen(summary)
+    assert "held-out success (8 tasks never trained on, greedy): 25.0% -> 50.0%" in screen
+    assert "(+25.0 points)" in screen
+    assert str(tmp_path / "summary.png") in screen and str(tmp_path / "report.html") in screen
+    assert str(tmp_path / "eval/after/index.html") in screen
+    assert "3m 20s in all; first trained step after 1m 01s; training 2m 05s" in screen
+    off = closing_screen({**summary, "held_out": {"tasks": 0}})
+    assert "not measured (eval.held_out_tasks=0)" in off
