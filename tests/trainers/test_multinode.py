@@ -55,6 +55,7 @@ def test_a_run_attached_to_a_two_node_cluster_uses_both_nodes(cluster: Any, tmp_
         "env.group_size=2",
         "trainer.groups_per_step=1",
         "trainer.total_steps=1",
+        "eval.held_out_tasks=0",  # placement is the point here
         "trainer.rollout_workers=2",
         "inference.max_tokens=8",
         "inference.weight_sync=auto",  # object_store on a cluster
