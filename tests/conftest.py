@@ -16,6 +16,10 @@ from typing import Any
 
 import pytest
 
+# Tests reach nothing but loopback: no model or dataset hub lookups, even by a library's default.
+for _offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(_offline, "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 SANDBOX_IMAGE = os.environ.get("AREAL_SANDBOX_IMAGE", "areal-agents-sandbox:latest")
 
