@@ -5,6 +5,11 @@ the uid owns in one pass, wherever it sits in the process tree. A program of the
 kill that helper before it acts (it is one of the uid's processes); then the host sweeps
 ``/proc`` and sends SIGKILL to each process whose real uid is the sandbox's, from root, which no
 program of the uid can stop, until none is left.
+
+The helper is started as root and drops to the uid itself (``setpriv``, or Python where
+``setpriv`` is missing), after its ``exec``: a child that changed uid *before* exec could be
+stopped by a program of the uid between fork and exec, and ``subprocess`` waits for that exec
+with no time limit, so a stopping daemon would hang the caller for good.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 __all__ = ["kill_uid"]
@@ -30,10 +37,7 @@ def kill_uid(uid: int) -> None:
     try:
         done = (
             subprocess.run(
-                ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; exit 0"],
-                user=uid,
-                group=uid,
-                extra_groups=[],
+                _helper(uid),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -47,6 +51,20 @@ def kill_uid(uid: int) -> None:
         done = False
     if not done:  # the helper was stopped or killed by a program of the uid: sweep from here
         _sweep_uid(uid)
+
+
+def _helper(uid: int) -> list[str]:
+    """A command, started as root, that becomes ``uid`` and sends SIGKILL to all it may signal."""
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
+    if setpriv:
+        ids = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        return [setpriv, *ids, "/bin/sh", "-c", "kill -9 -1 2>/dev/null; exit 0"]
+    code = (
+        "import os, signal\n"
+        f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
+        "try:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass\n"
+    )
+    return [sys.executable, "-I", "-S", "-c", code]
 
 
 def _uid_pids(uid: int) -> list[int]:
