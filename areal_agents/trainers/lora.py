@@ -1,15 +1,14 @@
 """LoRA on the learner: adapters on chosen linear layers, the only weights that train.
 
-:func:`apply_lora` replaces every ``nn.Linear`` whose last name component is in
-``model.lora.target_modules`` by a :class:`LoraLinear` (``base_layer`` frozen, ``lora_A``
-random, ``lora_B`` zero, so the model starts as the base) and freezes every other parameter.
+PEFT does the layers: :func:`apply_lora` injects ``peft``'s LoRA into the model in place
+(:func:`peft.inject_adapter_in_model`, adapter ``"default"``), so each targeted linear layer
+becomes a ``peft`` ``lora.Linear`` (``base_layer`` frozen, ``lora_A`` random, ``lora_B`` zero:
+the model starts as the base) and every other parameter is frozen. The model keeps its class
+and its Hugging Face names; adapter parameters are ``<module>.lora_A.default.weight``.
 The optimizer then holds only the adapters, checkpoints hold only them (the base is the model
-directory), and the weight push sends only them (:mod:`areal_agents.serving.adapters`, PEFT's
-tensor names). The reference policy of the KL term is the same model with the adapters off
-(:func:`adapters_disabled`), not a second copy.
-
-The module mirrors PEFT's LoRA layout and file format (``base_layer``, ``lora_A``, ``lora_B``,
-``alpha / r``), so an adapter saved here loads in PEFT and in vLLM.
+directory), and the weight push sends only them under PEFT's saved names
+(:func:`adapter_state`, :mod:`areal_agents.serving.adapters`). The reference policy of the KL
+term is the same model with the adapters off (:func:`adapters_disabled`), not a second copy.
 
 >>> from torch import nn
 >>> from areal_agents.trainers.config import LoraConfig
@@ -19,16 +18,19 @@ The module mirrors PEFT's LoRA layout and file format (``base_layer``, ``lora_A`
 >>> apply_lora(net, LoraConfig(r=2, target_modules=("q_proj",)))
 ['q_proj']
 >>> sorted(n for n, p in net.named_parameters() if p.requires_grad)
-['q_proj.lora_A.weight', 'q_proj.lora_B.weight']
+['q_proj.lora_A.default.weight', 'q_proj.lora_B.default.weight']
+>>> sorted(adapter_state(net))
+['base_model.model.q_proj.lora_A.weight', 'base_model.model.q_proj.lora_B.weight']
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import peft
+from peft.tuners.lora import LoraLayer
 from torch import Tensor, nn
 
 from areal_agents.errors import ConfigError
@@ -36,87 +38,74 @@ from areal_agents.serving.adapters import PEFT_PREFIX
 from areal_agents.trainers.config import LoraConfig
 
 __all__ = [
-    "LoraLinear",
+    "ADAPTER",
+    "LoraLayer",
     "adapter_state",
     "adapters_disabled",
     "apply_lora",
     "merged_state",
 ]
 
-
-class LoraLinear(nn.Module):
-    """``base_layer(x) + dropout(x) @ A.T @ B.T * scaling`` (PEFT's ``lora.Linear``)."""
-
-    def __init__(self, base_layer: nn.Linear, r: int, alpha: float, dropout: float) -> None:
-        super().__init__()
-        self.base_layer = base_layer
-        dtype, device = base_layer.weight.dtype, base_layer.weight.device
-        self.lora_A = nn.Linear(base_layer.in_features, r, bias=False, dtype=dtype, device=device)
-        self.lora_B = nn.Linear(r, base_layer.out_features, bias=False, dtype=dtype, device=device)
-        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # PEFT's default
-        nn.init.zeros_(self.lora_B.weight)  # the adapted model starts as the base
-        self.scaling = alpha / r
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.disabled = False
-        """True inside :func:`adapters_disabled`: the layer is its base."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.base_layer(x)
-        if self.disabled:
-            return out
-        return out + self.lora_B(self.lora_A(self.dropout(x))) * self.scaling
+ADAPTER = "default"
+"""The name of the one adapter (PEFT's default; it appears in parameter names, not in the
+saved adapter)."""
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> list[str]:
-    """Put a :class:`LoraLinear` on every targeted linear layer of ``model`` and freeze all
+    """Inject PEFT's LoRA on every targeted linear layer of ``model`` (in place) and freeze all
     other parameters; returns the adapted module names (a :class:`ConfigError` naming
     ``model.lora.target_modules`` when nothing matches)."""
     targets = set(cfg.target_modules)
-    found = [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in targets
-    ]
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    found = [name for name, _ in linears if name.rsplit(".", 1)[-1] in targets]
     if not found:
-        kinds = sorted(
-            {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-        )
+        kinds = sorted({n.rsplit(".", 1)[-1] for n, _ in linears})
         raise ConfigError(
             f"model.lora.target_modules={list(cfg.target_modules)}: no linear layer of the model "
             f"has such a name; its linear layers are {kinds}"
         )
-    model.requires_grad_(False)
-    for name, linear in found:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoraLinear(linear, cfg.r, cfg.alpha, cfg.dropout))
-    return [name for name, _ in found]
+    config = peft.LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # typed int; a float works (alpha / r)
+        lora_dropout=cfg.dropout,
+        target_modules=found,  # full names: only the linear layers, as the config says
+        bias="none",
+    )
+    peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)  # freezes the base
+    return [n for n, m in model.named_modules() if isinstance(m, LoraLayer)]
 
 
 @contextlib.contextmanager
 def adapters_disabled(model: nn.Module) -> Iterator[None]:
     """Run ``model`` as its base inside the block (the KL reference; PEFT's
-    ``disable_adapter()``)."""
-    layers = [m for m in model.modules() if isinstance(m, LoraLinear)]
+    ``disable_adapter()``: each layer's ``enable_adapters``; enabling them again makes the
+    adapters trainable again)."""
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
     for layer in layers:
-        layer.disabled = True
+        layer.enable_adapters(False)
     try:
         yield
     finally:
         for layer in layers:
-            layer.disabled = False
+            layer.enable_adapters(True)
 
 
 def adapter_state(model: nn.Module) -> dict[str, Tensor]:
     """The adapter tensors, whole (FSDP shards gathered: collective, every rank must call),
-    on CPU, under PEFT's saved names (``base_model.model.<module>.lora_A.weight``)."""
-    out: dict[str, Tensor] = {}
+    on CPU, under PEFT's saved names (``base_model.model.<module>.lora_A.weight``, what
+    :func:`peft.get_peft_model_state_dict` gives and ``save_pretrained`` writes)."""
+    full: dict[str, Tensor] = {}
     for name, param in model.named_parameters():
         if ".lora_A." not in name and ".lora_B." not in name:
             continue
-        full: Any = param.full_tensor() if hasattr(param, "full_tensor") else param
-        out[PEFT_PREFIX + name] = full.detach().to("cpu").clone()
-    return out
+        whole: Any = param.full_tensor() if hasattr(param, "full_tensor") else param
+        full[name] = whole.detach().to("cpu").clone()
+    # save_embedding_layers=False: no embedding is adapted, and "auto" would read the base
+    # model's config (from disk or a hub) on every push to find out
+    state = peft.get_peft_model_state_dict(
+        model, state_dict=full, adapter_name=ADAPTER, save_embedding_layers=False
+    )
+    return {PEFT_PREFIX + k: v for k, v in state.items()}
 
 
 def merged_state(state: Mapping[str, Tensor], scaling: float) -> dict[str, Tensor]:
@@ -132,7 +121,8 @@ def merged_state(state: Mapping[str, Tensor], scaling: float) -> dict[str, Tenso
             continue
         module, _, leaf = name.partition(".base_layer.")
         if leaf == "weight":
-            a, b = state[f"{module}.lora_A.weight"], state[f"{module}.lora_B.weight"]
+            a = state[f"{module}.lora_A.{ADAPTER}.weight"]
+            b = state[f"{module}.lora_B.{ADAPTER}.weight"]
             delta = (b.float() @ a.float()) * scaling
             tensor = (tensor.float() + delta).to(tensor.dtype)
         out[f"{module}.{leaf}"] = tensor

@@ -19,7 +19,7 @@ from areal_agents.serving.adapters import PEFT_PREFIX, adapter_modules, save_ada
 from areal_agents.trainers.algorithms import AlgoConfig
 from areal_agents.trainers.config import LoraConfig, ModelConfig, TrainerConfig
 from areal_agents.trainers.learner import Learner, LearnerSpec
-from areal_agents.trainers.lora import LoraLinear, apply_lora
+from areal_agents.trainers.lora import ADAPTER, LoraLayer, apply_lora
 from areal_agents.trainers.modeling import load_policy, tiny_model_path
 from areal_agents.types import Trajectory
 
@@ -165,6 +165,8 @@ def test_kl_reference_is_the_base_with_adapters_off() -> None:
 
     b = collate(rows, lrn.pad_id)
     pre = lrn._prepass(b, plan(list(range(len(rows))), b.lengths, 1, 0, 512))
+    # the adapters are back on, and trainable, after the reference pass
+    assert all(p.requires_grad == (".lora_" in n) for n, p in lrn.model.named_parameters())
     base = load_policy(tiny_model_path())
     with torch.no_grad():
         from areal_agents.trainers.batching import sequence_logprobs
@@ -267,6 +269,41 @@ def test_the_adapter_directory_is_peft_format(tmp_path: Path) -> None:
     assert set(load_file(str(out / "adapter_model.safetensors"))) == set(lrn.adapter_state())
 
 
+def test_the_pushed_adapter_loads_in_peft_and_gives_the_learners_policy(tmp_path: Path) -> None:
+    """What a push sends, written as a directory, is what ``PeftModel.from_pretrained`` reads:
+    the loaded model computes the trained learner's log-probs (and its saved names are the
+    ones ``save_pretrained`` writes)."""
+    import peft
+    from safetensors.torch import load_file
+
+    lrn = learner()
+    lrn.train_step(batch(0))
+    adapter = lrn.adapter_state()
+    out = save_adapter_dir(
+        adapter,
+        tmp_path / "a",
+        r=R,
+        alpha=lrn.lora.alpha,  # type: ignore[union-attr]
+        target_modules=list(lrn.lora.target_modules),  # type: ignore[union-attr]
+        base_model=str(tiny_model_path()),  # local: PEFT looks for nothing on a hub
+    )
+    loaded = peft.PeftModel.from_pretrained(load_policy(tiny_model_path()), str(out)).eval()
+    rows = batch(1)
+    from areal_agents.trainers.batching import collate, sequence_logprobs
+
+    b = collate(rows, lrn.pad_id)
+    with torch.no_grad():
+        got = sequence_logprobs(
+            loaded(input_ids=b.sequence_ids, attention_mask=b.attention_mask).logits,
+            b.sequence_ids,
+            1.0,
+        )
+    assert torch.allclose(got, logprobs(lrn, rows), atol=1e-5)
+    saved = tmp_path / "saved"
+    loaded.save_pretrained(str(saved), save_embedding_layers=False)
+    assert set(load_file(str(saved / "adapter_model.safetensors"))) == set(adapter)
+
+
 # ---- every model.lora key has an effect ------------------------------------------------------
 
 
@@ -282,18 +319,20 @@ def test_r_alpha_dropout_and_target_modules_do_what_they_say() -> None:
         model = _tiny()
         apply_lora(model, LoraConfig(**kw))
         for m in model.modules():
-            if isinstance(m, LoraLinear):
-                torch.nn.init.normal_(m.lora_B.weight, std=0.05, generator=None)
+            if isinstance(m, LoraLayer):
+                torch.nn.init.normal_(m.lora_B[ADAPTER].weight, std=0.05, generator=None)
         return model
 
     # r: the adapter's rank
     shapes = {
-        n: tuple(p.shape) for n, p in adapted(r=4).named_parameters() if n.endswith("lora_A.weight")
+        n: tuple(p.shape)
+        for n, p in adapted(r=4).named_parameters()
+        if n.endswith(f"lora_A.{ADAPTER}.weight")
     }
     assert all(s[0] == 4 for s in shapes.values()) and len(shapes) == 8
     # target_modules: which layers get one
     model = adapted(r=4, target_modules=("v_proj",))
-    wrapped = [n for n, m in model.named_modules() if isinstance(m, LoraLinear)]
+    wrapped = [n for n, m in model.named_modules() if isinstance(m, LoraLayer)]
     assert wrapped == ["model.layers.0.self_attn.v_proj", "model.layers.1.self_attn.v_proj"]
     with pytest.raises(ConfigError, match=r"model\.lora\.target_modules"):
         apply_lora(_tiny(), LoraConfig(r=4, target_modules=("nope",)))
@@ -308,7 +347,7 @@ def test_r_alpha_dropout_and_target_modules_do_what_they_say() -> None:
         d2 = two(input_ids=ids).logits - base_logits
     assert float(d1.abs().max()) > 1e-4
     assert not torch.allclose(d1, d2)
-    assert next(m.scaling for m in two.modules() if isinstance(m, LoraLinear)) == 2.0
+    assert next(m.scaling[ADAPTER] for m in two.modules() if isinstance(m, LoraLayer)) == 2.0
     # dropout: two training forwards differ only with dropout on
     for p, differ in ((0.0, False), (0.5, True)):
         model = adapted(r=4, dropout=p).train()
