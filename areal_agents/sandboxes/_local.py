@@ -35,7 +35,7 @@ from pathlib import Path
 from areal_agents.errors import SandboxError, ToolError
 from areal_agents.sandboxes._capture import capture
 from areal_agents.sandboxes._inputs import (
-    command_refusal,
+    CommandRunner,
     encode_data,
     os_problem,
     problem,
@@ -48,7 +48,6 @@ from areal_agents.sandboxes.base import BaseSandbox, ExecResult, SandboxLimits
 __all__ = ["LocalSandbox", "rlimit_setter", "runnable_python"]
 
 _UID_RANGE = (1_100_000_000, 1_900_000_000)
-_STDIN_CODE_LIMIT = 100_000  # bytes of source passed with -c; larger programs go through stdin
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ def _looks_oom(res: ExecResult) -> bool:
     return res.exit_code != 0 and ("MemoryError" in tail or "Cannot allocate memory" in tail)
 
 
-class LocalSandbox(BaseSandbox):
+class LocalSandbox(CommandRunner, BaseSandbox):
     """A host work directory plus a way to wrap commands; subclasses define the wrapping."""
 
     work_path = "."
@@ -112,27 +111,6 @@ class LocalSandbox(BaseSandbox):
         raise NotImplementedError
 
     # --- the Sandbox contract -----------------------------------------------------------------
-
-    def run(
-        self, cmd: str | list[str], *, timeout: float = 10.0, stdin: str | None = None
-    ) -> ExecResult:
-        refused = command_refusal(cmd, stdin=stdin)
-        if refused is not None:
-            self._check_open()
-            return refused
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        data = stdin.encode() if stdin is not None else None
-        return self._exec(argv, timeout=timeout, stdin=data)
-
-    def run_python(self, code: str, *, timeout: float = 10.0) -> ExecResult:
-        refused = command_refusal(code=code)
-        if refused is not None:
-            self._check_open()
-            return refused
-        source = code.encode()
-        if len(source) <= _STDIN_CODE_LIMIT:
-            return self._exec([self._python(), "-c", code], timeout=timeout, stdin=None)
-        return self._exec([self._python(), "-"], timeout=timeout, stdin=source)
 
     def write_file(self, path: str, content: str | bytes) -> None:
         data = encode_data(content)
@@ -298,7 +276,7 @@ class LocalSandbox(BaseSandbox):
         if not target.parent.is_dir():
             raise problem("notdir", path)
 
-    def _exec(self, argv: list[str], *, timeout: float, stdin: bytes | None) -> ExecResult:
+    def _run_argv(self, argv: list[str], timeout: float, stdin: bytes | None) -> ExecResult:
         if not timeout > 0:
             raise ValueError(f"timeout={timeout} must be positive")
         with self._lock:
