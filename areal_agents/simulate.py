@@ -15,6 +15,7 @@ that run's ``metrics.jsonl`` measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from areal_agents.simulation import (
     simulate,
 )
 
-__all__ = ["main", "run_table"]
+__all__ = ["main", "run_table", "sim_config", "table_lines"]
 
 
 def run_table(
@@ -51,6 +52,36 @@ def run_table(
         row["vs_sync"] = round(res.tokens_per_s / sync_tps, 3) if sync_tps else 0.0
         rows.append(row)
     return rows
+
+
+def table_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The rows of :func:`run_table` as a text table, its header first."""
+    lines = [
+        f"{'setting':<11} {'tok/s':>10} {'samples/s':>10} {'vs sync':>8} {'gen idle':>9} "
+        f"{'learn idle':>10} {'stale mean/max':>15} {'wall s':>10}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['setting']:<11} {r['tokens_per_s']:>10.2f} {r['samples_per_s']:>10.4f} "
+            f"{r['vs_sync']:>7.2f}x {100 * r['generation_idle_frac']:>8.1f}% "
+            f"{100 * r['learner_idle_frac']:>9.1f}% "
+            f"{r['staleness_mean']:>9.2f} / {r['staleness_max']:<3} {r['elapsed_s']:>10.1f}"
+        )
+    return lines
+
+
+def sim_config(args: argparse.Namespace, **overrides: Any) -> SimConfig:
+    """A :class:`SimConfig` from the parsed arguments named as its fields, then ``overrides``.
+
+    >>> sim_config(argparse.Namespace(servers=4, steps=3, json=None), mode="sync").servers
+    4
+    """
+    given = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(SimConfig)
+        if hasattr(args, f.name)
+    }
+    return SimConfig(**{**given, **overrides})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,16 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         print("\n".join(available_profiles()))
         return 0
-    base = SimConfig(
-        servers=args.servers,
-        learners=args.learners,
-        groups_per_step=args.groups_per_step,
-        group_size=args.group_size,
-        steps=args.steps,
-        concurrent_groups=args.concurrent_groups,
-        batch_order=args.batch_order,
-        seed=args.seed,
-    )
+    base = sim_config(args)
     staleness = [int(s) for s in str(args.staleness).split(",") if s.strip()]
     profile = load_profile(args.profile)
     if args.from_run:
@@ -102,17 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"profile {profile.name}: {args.servers} server(s), {args.learners} learner(s), "
         f"{args.groups_per_step} groups x {args.group_size} per step, {args.steps} steps"
     )
-    print(
-        f"{'setting':<11} {'tok/s':>10} {'samples/s':>10} {'vs sync':>8} {'gen idle':>9} "
-        f"{'learn idle':>10} {'stale mean/max':>15} {'wall s':>10}"
-    )
-    for r in rows:
-        print(
-            f"{r['setting']:<11} {r['tokens_per_s']:>10.2f} {r['samples_per_s']:>10.4f} "
-            f"{r['vs_sync']:>7.2f}x {100 * r['generation_idle_frac']:>8.1f}% "
-            f"{100 * r['learner_idle_frac']:>9.1f}% "
-            f"{r['staleness_mean']:>9.2f} / {r['staleness_max']:<3} {r['elapsed_s']:>10.1f}"
-        )
+    print("\n".join(table_lines(rows)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"profile": profile.name, "config": vars(args), "rows": rows}, f, indent=2)

@@ -11,15 +11,25 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from areal_agents.files import atomic_write
 
-__all__ = ["REPO", "RESULTS", "git_commit", "machine_info", "other_load", "write_json"]
+__all__ = [
+    "REPO",
+    "RESULTS",
+    "git_commit",
+    "latency",
+    "machine_info",
+    "other_load",
+    "write_json",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -87,6 +97,31 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         pass
     return info
+
+
+def latency(
+    samples_s: Sequence[float], unit: str = "ms", digits: int = 3, *, p99: bool = False
+) -> dict[str, float]:
+    """Count, median, 90th (and 99th) percentile and mean of ``samples_s`` (seconds), in ``unit``.
+
+    Keys are ``n``, ``median_<unit>``, ``p90_<unit>``, ``p99_<unit>`` (with ``p99``) and
+    ``mean_<unit>``; no samples give ``{"n": 0}``.
+
+    >>> latency([0.001, 0.002, 0.004])
+    {'n': 3, 'median_ms': 2.0, 'p90_ms': 2.0, 'mean_ms': 2.333}
+    >>> latency([0.5e-6, 1.5e-6], "us", 1, p99=True)
+    {'n': 2, 'median_us': 1.0, 'p90_us': 0.5, 'p99_us': 0.5, 'mean_us': 1.0}
+    """
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    xs = sorted(s * scale for s in samples_s)
+    if not xs:
+        return {"n": 0}
+    out = {"n": len(xs), f"median_{unit}": round(statistics.median(xs), digits)}
+    out[f"p90_{unit}"] = round(xs[int(0.9 * (len(xs) - 1))], digits)
+    if p99:
+        out[f"p99_{unit}"] = round(xs[int(0.99 * (len(xs) - 1))], digits)
+    out[f"mean_{unit}"] = round(statistics.fmean(xs), digits)
+    return out
 
 
 _ABSOLUTE_DIRS = re.compile(r"(?<=[\s\"'\[=(])/(?:[\w.+-]+/)+")

@@ -7,8 +7,8 @@ round that decides (see :mod:`areal_agents.rewards.code`).
 
 For each backend, grades in one warm sandbox (reset before each grade, as the code environment
 does): the canonical solution of procedural tasks (right), the same tasks with a wrong
-solution, and the canonical solutions of the first HumanEval problems. Prints the median and
-the 90th percentile of the wall time of ``reward.check`` for each kind, and the reward mean
+solution, and the canonical solutions of the first HumanEval problems. Prints the median, the
+90th percentile and the mean of the wall time of ``reward.check`` for each kind, and the reward mean
 (a correct grader gives 1.0, 0.0, 1.0).
 """
 
@@ -22,20 +22,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info, write_json
+from _common import latency, machine_info, write_json
 
 from areal_agents.envs.tasks.code import ProceduralCodeTasks, humaneval_tasks
 from areal_agents.rewards import UnitTestReward, UnitTests
 from areal_agents.sandboxes import make_sandbox
-
-
-def _ms(xs: list[float]) -> dict[str, float]:
-    xs = sorted(xs)
-    return {
-        "n": len(xs),
-        "p50_ms": round(statistics.median(xs) * 1e3, 1),
-        "p90_ms": round(xs[int(0.9 * (len(xs) - 1))] * 1e3, 1),
-    }
 
 
 def measure(backend: str, grades: int) -> dict[str, Any]:
@@ -68,7 +59,10 @@ def measure(backend: str, grades: int) -> dict[str, Any]:
                 result = reward.check(code, tests, sandbox=sb)
                 times.append(time.perf_counter() - start)
                 rewards.append(result.reward)
-            out[kind] = {**_ms(times), "mean_reward": round(statistics.fmean(rewards), 3)}
+            out[kind] = {
+                **latency(times, "ms", 1),
+                "mean_reward": round(statistics.fmean(rewards), 3),
+            }
     return out
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine_info, write_json
+from _common import REPO, latency, machine_info, write_json
 
 from areal_agents.envs.registry import make_env
 from areal_agents.envs.remote import RemoteEnv
@@ -46,19 +45,6 @@ ANSWER = Turn(text="I computed it. The answer is \\boxed{42}.")
 def _tool_call(expression: str) -> Turn:
     call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
     return Turn(text=f"<tool_call>\n{call}\n</tool_call>")
-
-
-def _stats(samples_s: Sequence[float]) -> dict[str, float]:
-    us = sorted(s * 1e6 for s in samples_s)
-    if not us:
-        return {"n": 0}
-    return {
-        "median_us": round(statistics.median(us), 1),
-        "p90_us": round(us[int(0.9 * (len(us) - 1))], 1),
-        "p99_us": round(us[int(0.99 * (len(us) - 1))], 1),
-        "mean_us": round(statistics.fmean(us), 1),
-        "n": len(us),
-    }
 
 
 def start_server(env: str, max_sessions: int) -> tuple[subprocess.Popen[str], str]:
@@ -113,8 +99,10 @@ def step_overhead(url: str, steps: int = 1000) -> dict[str, Any]:
         env.close()
     out: dict[str, Any] = {}
     for name, kinds in samples.items():
-        out[name] = {kind: _stats(values) for kind, values in kinds.items()}
-        out[name]["step"] = _stats(kinds["step_with_tool_call"] + kinds["step_final_answer"])
+        out[name] = {kind: latency(v, "us", 1, p99=True) for kind, v in kinds.items()}
+        out[name]["step"] = latency(
+            kinds["step_with_tool_call"] + kinds["step_final_answer"], "us", 1, p99=True
+        )
     local_ms = out["local"]["step"]["median_us"] / 1000
     for name in ("http", "websocket"):
         out[name]["added_ms_per_step"] = round(out[name]["step"]["median_us"] / 1000 - local_ms, 3)
@@ -167,7 +155,7 @@ def load(url: str, clients: int, seconds: float) -> dict[str, Any]:
         "sessions": done,
         "sessions_per_s": round(done / elapsed, 2),
         "steps_per_s": round(2 * done / elapsed, 2),
-        "step": _stats([s for per in steps for s in per]),
+        "step": latency([s for per in steps for s in per], "us", 1, p99=True),
         "errors": len(errors),
         "first_errors": errors[:3],
     }

@@ -28,23 +28,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info, write_json
+from _common import latency, machine_info, write_json
 
 from areal_agents.envs.registry import make_env
 from areal_agents.rollout import run_episode
 from areal_agents.types import Turn
 
 __all__ = ["main", "rollout_sweep", "step_overhead"]
-
-
-def _percentiles(samples_s: Sequence[float]) -> dict[str, float]:
-    us = sorted(s * 1e6 for s in samples_s)
-    return {
-        "median_us": round(statistics.median(us), 1),
-        "p90_us": round(us[int(0.9 * (len(us) - 1))], 1),
-        "mean_us": round(statistics.fmean(us), 1),
-        "n": len(us),
-    }
 
 
 def step_overhead(env_name: str = "calculator", steps: int = 2000) -> dict[str, Any]:
@@ -73,9 +63,9 @@ def step_overhead(env_name: str = "calculator", steps: int = 2000) -> dict[str, 
     env.close()
     return {
         "env": env_name,
-        "reset": _percentiles(resets),
-        "step_final_answer": _percentiles(finals),
-        "step_with_tool_call": _percentiles(tools),
+        "reset": latency(resets, "us", 1),
+        "step_final_answer": latency(finals, "us", 1),
+        "step_with_tool_call": latency(tools, "us", 1),
     }
 
 

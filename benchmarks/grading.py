@@ -12,7 +12,6 @@ timeout costs (kill and a fresh fork of the warm zygote) and the one-off zygote 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -20,20 +19,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info, write_json
+from _common import latency, machine_info, write_json
 
 from areal_agents.rewards import RewardTimeout, call_with_timeout, math_equal
 from areal_agents.rewards.isolation import GraderPool
-
-
-def _ms(xs: list[float]) -> dict[str, float]:
-    xs = sorted(xs)
-    return {
-        "n": len(xs),
-        "median_ms": round(statistics.median(xs) * 1e3, 3),
-        "p90_ms": round(xs[int(0.9 * (len(xs) - 1))] * 1e3, 3),
-        "mean_ms": round(statistics.fmean(xs) * 1e3, 3),
-    }
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -74,11 +63,11 @@ def measure(grades: int = 300, timeouts: int = 5) -> dict[str, Any]:
         after_timeout.append(_timed(lambda: pool.run(pow, 2, 3, timeout_s=60)))
     pool.close()
     figures = {
-        "math_verify_in_thread": _ms(thread),
-        "math_verify_in_grading_process": _ms(isolated),
-        "round_trip_trivial_job": _ms(round_trip),
-        "timeout_0.5s_returned_after": _ms(timed_out),
-        "first_job_after_a_timeout": _ms(after_timeout),
+        "math_verify_in_thread": latency(thread),
+        "math_verify_in_grading_process": latency(isolated),
+        "round_trip_trivial_job": latency(round_trip),
+        "timeout_0.5s_returned_after": latency(timed_out),
+        "first_job_after_a_timeout": latency(after_timeout),
         "zygote_start_s": round(zygote_s, 2),
     }
     extra = figures["math_verify_in_grading_process"]["median_ms"]

@@ -19,7 +19,7 @@ import argparse
 import json
 import time
 
-from areal_agents.simulate import run_table
+from areal_agents.simulate import run_table, table_lines
 from areal_agents.simulation import SimConfig, load_profile, simulate
 
 SPLITS = ((12, 4), (8, 8))
@@ -48,16 +48,7 @@ def main() -> None:
         best_tps = max(r["tokens_per_s"] for r in rows[1:])
         best = next(r for r in rows[1:] if r["tokens_per_s"] >= 0.99 * best_tps)
         print(f"\n{servers} servers + {learners} learners ({args.profile})")
-        print(
-            f"{'setting':<11} {'tok/s':>9} {'vs sync':>8} {'gen idle':>9} {'learn idle':>10} "
-            f"{'stale mean/max':>15}"
-        )
-        for r in rows:
-            print(
-                f"{r['setting']:<11} {r['tokens_per_s']:>9.0f} {r['vs_sync']:>7.2f}x "
-                f"{100 * r['generation_idle_frac']:>8.1f}% {100 * r['learner_idle_frac']:>9.1f}% "
-                f"{r['staleness_mean']:>9.2f} / {r['staleness_max']}"
-            )
+        print("\n".join(table_lines(rows)))
         colo_ratio = round(best["tokens_per_s"] / colo.tokens_per_s, 3)
         print(
             f"sync colocated on all {gpus} GPUs: {colo.tokens_per_s:.0f} tok/s "

@@ -14,7 +14,8 @@ import argparse
 import json
 import time
 
-from areal_agents.simulation import SimConfig, load_profile, simulate
+from areal_agents.simulate import sim_config
+from areal_agents.simulation import load_profile, simulate
 
 
 def main() -> None:
@@ -28,14 +29,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    cfg = SimConfig(
+    cfg = sim_config(
+        args,
         mode="async",
         max_staleness=args.staleness,
-        servers=args.servers,
-        learners=args.learners,
-        groups_per_step=args.groups_per_step,
-        group_size=args.group_size,
-        steps=args.steps,
         concurrent_groups=args.episodes // args.group_size,
     )
     t0 = time.perf_counter()

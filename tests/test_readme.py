@@ -36,6 +36,7 @@ from typing import IO, Any
 import pytest
 
 from areal_agents.net import free_port
+from tests._doc_blocks import Block, Command, read_blocks, shell_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = (ROOT / "README.md", *sorted(ROOT.glob("examples/*/README.md")))
@@ -109,56 +110,7 @@ def tiny_model_server() -> list[str]:
     return ["--model", str(tiny_model_path()), "--served-model-name", DEFAULT_MODEL_NAME]
 
 
-@dataclass(frozen=True)
-class Block:
-    """One fenced block of a doc."""
-
-    doc: str
-    line: int
-    lang: str
-    text: str
-
-
-@dataclass(frozen=True)
-class Command:
-    """One shell command of a ``bash`` block (continuation lines joined, comments dropped)."""
-
-    doc: str
-    line: int
-    argv: tuple[str, ...]
-
-    @property
-    def text(self) -> str:
-        return shlex.join(self.argv)
-
-    @property
-    def id(self) -> str:
-        return f"{self.doc}:{self.line}:{' '.join(self.argv[:4])}"
-
-
-def read_blocks() -> list[Block]:
-    blocks = []
-    fence = re.compile(r"^```(?P<lang>[\w-]*)[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
-    for doc in DOCS:
-        text = doc.read_text()
-        for m in fence.finditer(text):
-            line = text.count("\n", 0, m.start()) + 1
-            lang = m["lang"]
-            blocks.append(Block(str(doc.relative_to(ROOT)), line, lang, m["body"]))
-    return blocks
-
-
-def shell_commands(block: Block) -> list[Command]:
-    commands = []
-    joined = block.text.replace("\\\n", " ")
-    for offset, raw in enumerate(joined.splitlines()):
-        argv = shlex.split(raw, comments=True)
-        if argv:
-            commands.append(Command(block.doc, block.line + 1 + offset, tuple(argv)))
-    return commands
-
-
-BLOCKS = read_blocks()
+BLOCKS = read_blocks(DOCS, ROOT)
 PYTHON_BLOCKS = [b for b in BLOCKS if b.lang == "python"]
 SHELL_COMMANDS = [c for b in BLOCKS if b.lang == "bash" for c in shell_commands(b)]
 NEEDS_DOCKER = re.compile(r"docker|code_sandbox|make_sandbox|areal_agents\.sandbox ")

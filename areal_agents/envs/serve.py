@@ -49,7 +49,8 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import Response
 from starlette.websockets import WebSocketDisconnect
 
-from areal_agents.envs.sessions import DEFAULT_CLIENT_KWARGS, RequestError, SessionManager
+from areal_agents.envs.request_errors import RequestError
+from areal_agents.envs.sessions import DEFAULT_CLIENT_KWARGS, SessionManager
 from areal_agents.envs.wire import dumps
 from areal_agents.errors import ConfigError
 

@@ -17,7 +17,8 @@ back what they return (or the :class:`RequestError` they raise).
   :meth:`SessionManager.start_draining` new work gets ``503 ServerDraining`` while the calls under
   way finish (:attr:`SessionManager.in_flight`).
 * Whatever an environment raises is caught in its thread and answered as an error of that request
-  only; it never reaches the event loop or another session.
+  only; it never reaches the event loop or another session (the mapping from exception to
+  status is :func:`areal_agents.envs.request_errors.as_request_error`).
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ import gymnasium as gym
 
 from areal_agents.envs.base import MultiTurnEnv
 from areal_agents.envs.registry import ALIASES, resolve_env_id
+from areal_agents.envs.request_errors import RequestError, as_request_error, request_id_of
 from areal_agents.envs.wire import (
     PROTOCOL_VERSION,
     decode_value,
     space_to_dict,
     turn_from_dict,
 )
-from areal_agents.errors import ConfigError, InfrastructureError, UnknownEnvironmentError
+from areal_agents.errors import ConfigError, UnknownEnvironmentError
 
 __all__ = ["DEFAULT_CLIENT_KWARGS", "RequestError", "SessionManager", "canonical_env_id"]
 
@@ -60,19 +62,6 @@ DEFAULT_CLIENT_KWARGS = ("max_turns", "max_tool_output_chars", "render_mode", "s
 
 _MEMORY = 1024  # results of session openings, and ids of expired sessions, remembered
 _RESULTS_PER_SESSION = 8  # results kept per session for retried requests
-
-
-class RequestError(Exception):
-    """A request that cannot be served: an HTTP status, an error type and a message."""
-
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": {"type": self.kind, "message": self.message}}
 
 
 def canonical_env_id(name: str) -> str:
@@ -197,7 +186,7 @@ class SessionManager:
         options = body.get("options")
         if options is not None and not isinstance(options, dict):
             raise RequestError(400, "BadRequest", "'options' must be an object or null")
-        request_id = _request_id(body)
+        request_id = request_id_of(body)
         session_id = body.get("session_id")
         if session_id is not None:
             session = self._session(session_id)
@@ -263,7 +252,7 @@ class SessionManager:
             raise RequestError(
                 400, "BadRequest", f"'action_kind' is 'value' or 'turn', not {kind!r}"
             )
-        request_id = _request_id(body)
+        request_id = request_id_of(body)
         async with self._track():
 
             def step() -> dict[str, Any]:
@@ -458,7 +447,7 @@ class SessionManager:
             try:
                 box.append(fn())
             except BaseException as e:  # never let SystemExit & co. reach the event loop
-                box.append(_as_request_error(e))
+                box.append(as_request_error(e))
 
         await asyncio.get_running_loop().run_in_executor(self._pool, guarded)
         result = box[0]
@@ -477,32 +466,7 @@ class SessionManager:
                 logger.warning("closing session %s failed: %s", session.id, e.message)
 
 
-def _request_id(body: Mapping[str, Any]) -> str | None:
-    value = body.get("request_id")
-    if value is not None and not isinstance(value, str):
-        raise RequestError(400, "BadRequest", "'request_id' must be a string or null")
-    return value or None
-
-
 def _remember(memory: OrderedDict[str, str], key: str, value: str) -> None:
     memory[key] = value
     while len(memory) > _MEMORY:
         memory.popitem(last=False)
-
-
-def _as_request_error(e: BaseException) -> RequestError:
-    """The answer to an exception raised by an environment call."""
-    if isinstance(e, RequestError):
-        return e
-    text = f"{e}" or type(e).__name__
-    if isinstance(e, InfrastructureError):
-        return RequestError(503, type(e).__name__, text)
-    if isinstance(e, gym.error.ResetNeeded):
-        return RequestError(409, "ResetNeeded", text)
-    if isinstance(e, ConfigError):
-        return RequestError(422, type(e).__name__, text)
-    if isinstance(e, TypeError | ValueError | KeyError | gym.error.Error):
-        kind = "ValueError" if isinstance(e, KeyError) else type(e).__name__
-        return RequestError(400, kind, text)
-    logger.error("the environment raised", exc_info=e)
-    return RequestError(500, "EnvironmentError", f"{type(e).__name__}: {text}")

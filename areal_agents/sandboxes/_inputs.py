@@ -23,6 +23,8 @@ from areal_agents.sandboxes.base import ExecResult
 __all__ = [
     "NAME_MAX",
     "PATH_MAX",
+    "STDIN_CODE_LIMIT",
+    "CommandRunner",
     "command_refusal",
     "encode_data",
     "os_problem",
@@ -34,6 +36,7 @@ NAME_MAX = 255  # bytes in one path component (Linux)
 PATH_MAX = 4095  # bytes in a path, without the terminating NUL
 ARG_MAX_ONE = 131_071  # bytes in one argument of execve (MAX_ARG_STRLEN, without the NUL)
 ARG_MAX_ALL = 2**21 - 2**16  # bytes of all arguments (ARG_MAX is 2 MiB; room for the env)
+STDIN_CODE_LIMIT = 100_000  # bytes of source passed with -c; larger programs go through stdin
 
 # Why a file operation was refused, by kind; {path} is the caller's path, repr'd.
 _MESSAGES = {
@@ -175,3 +178,42 @@ def _text_problem(what: str, text: object, *, nul_ok: bool) -> str | None:
     except UnicodeEncodeError as e:
         return f"{what} is not valid UTF-8 text ({e.reason} at position {e.start})"
     return None
+
+
+class CommandRunner:
+    """``run`` and ``run_python`` as every backend has them, on top of its ``_run_argv``.
+
+    Text no process could receive is refused (:func:`command_refusal`, once the sandbox is known
+    to be open); a command string runs under ``/bin/sh -c``; a program runs with ``-c`` up to
+    :data:`STDIN_CODE_LIMIT` bytes of source, and through stdin beyond that.
+    """
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _python(self) -> str:
+        """The interpreter that ``run_python`` starts inside the sandbox."""
+        raise NotImplementedError
+
+    def _run_argv(self, argv: list[str], timeout: float, stdin: bytes | None) -> ExecResult:
+        raise NotImplementedError
+
+    def run(
+        self, cmd: str | list[str], *, timeout: float = 10.0, stdin: str | None = None
+    ) -> ExecResult:
+        refused = command_refusal(cmd, stdin=stdin)
+        if refused is not None:
+            self._check_open()
+            return refused
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        return self._run_argv(argv, timeout, stdin.encode() if stdin is not None else None)
+
+    def run_python(self, code: str, *, timeout: float = 10.0) -> ExecResult:
+        refused = command_refusal(code=code)
+        if refused is not None:
+            self._check_open()
+            return refused
+        source = code.encode()
+        if len(source) <= STDIN_CODE_LIMIT:
+            return self._run_argv([self._python(), "-c", code], timeout, None)
+        return self._run_argv([self._python(), "-"], timeout, source)

@@ -54,7 +54,12 @@ from areal_agents.sandboxes._docker_exec import (
     parse_status,
     reset_container,
 )
-from areal_agents.sandboxes._inputs import command_refusal, encode_data, problem, work_relpath
+from areal_agents.sandboxes._inputs import (
+    CommandRunner,
+    encode_data,
+    problem,
+    work_relpath,
+)
 from areal_agents.sandboxes.base import BaseSandbox, ExecResult, SandboxLimits
 from areal_agents.sandboxes.docker_pool import get_pool
 from areal_agents.sandboxes.image import default_image
@@ -65,7 +70,6 @@ log = logging.getLogger(__name__)
 
 _GRACE_S = 5.0  # how long past the time limit the supervisor may take before the host steps in
 _FILE_OP_S = 60.0  # a file operation cannot block (special files are refused), so this is a fault
-_STDIN_CODE_LIMIT = 100_000
 _KILLED_NOTE = b"\n[sandbox: the run did not end normally; its container was killed]\n"
 
 # $1: the file, as /work/RELATIVE. Resolve symlinks (only when a component is one: realpath is a
@@ -124,7 +128,7 @@ def docker_problem(image: str | None = None) -> str | None:
     return None
 
 
-class DockerSandbox(BaseSandbox):
+class DockerSandbox(CommandRunner, BaseSandbox):
     """A container held for one episode; :meth:`close` gives it back to the warm pool.
 
     Get one with ``make_sandbox("docker", ...)`` or :meth:`acquire`.
@@ -163,26 +167,6 @@ class DockerSandbox(BaseSandbox):
         return str(self._container.id)
 
     # --- the Sandbox contract ---------------------------------------------------------------
-
-    def run(
-        self, cmd: str | list[str], *, timeout: float = 10.0, stdin: str | None = None
-    ) -> ExecResult:
-        refused = command_refusal(cmd, stdin=stdin)
-        if refused is not None:
-            self._check_open()
-            return refused
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        return self._run(argv, timeout, stdin.encode() if stdin is not None else None)
-
-    def run_python(self, code: str, *, timeout: float = 10.0) -> ExecResult:
-        refused = command_refusal(code=code)
-        if refused is not None:
-            self._check_open()
-            return refused
-        source = code.encode()
-        if len(source) <= _STDIN_CODE_LIMIT:
-            return self._run(["python3", "-c", code], timeout, None)
-        return self._run(["python3", "-"], timeout, source)
 
     def write_file(self, path: str, content: str | bytes) -> None:
         data = encode_data(content)
@@ -266,7 +250,10 @@ class DockerSandbox(BaseSandbox):
         msg = err.decode(errors="replace").strip().splitlines()
         return ToolError(f"cannot {verb} {path!r}: {msg[-1] if msg else f'exit code {code}'}")
 
-    def _run(self, argv: list[str], timeout: float, stdin: bytes | None) -> ExecResult:
+    def _python(self) -> str:
+        return "python3"
+
+    def _run_argv(self, argv: list[str], timeout: float, stdin: bytes | None) -> ExecResult:
         if not timeout > 0:
             raise ValueError(f"timeout={timeout} must be positive")
         cap = self.limits.max_output_bytes

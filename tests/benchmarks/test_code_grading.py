@@ -17,6 +17,6 @@ def test_code_grading_benchmark_grades_right_and_wrong(tmp_path: Path) -> None:
     figures = result["process"]
     expected = {"procedural_right": 1.0, "procedural_wrong": 0.0, "humaneval_right": 1.0}
     for kind, mean_reward in expected.items():
-        assert figures[kind]["n"] == 2 and figures[kind]["p50_ms"] > 0
+        assert figures[kind]["n"] == 2 and figures[kind]["median_ms"] > 0
         assert figures[kind]["mean_reward"] == mean_reward
     assert json.loads(out.read_text())["process"]["procedural_right"]["n"] == 2

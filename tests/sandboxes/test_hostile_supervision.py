@@ -9,6 +9,7 @@ so. Each test attacks one of these and checks one property.
 from __future__ import annotations
 
 import os
+import secrets
 
 import pytest
 
@@ -138,18 +139,31 @@ def test_a_daemon_that_keeps_stopping_everything_does_not_stretch_the_time_limit
     host_and_next_sandbox_ok(new_sandbox)
 
 
+# Count the processes whose command line holds the tag (written in two parts, so that this
+# program's own does not). A process may end between the listing and the read: skip it.
+_COUNT_TAGGED = """
+import glob
+n = 0
+for p in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        n += (b"{half}" b"{rest}") in open(p, "rb").read()
+    except OSError:
+        pass
+print(n)
+"""
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the process backend shares a non-root caller's uid")
 def test_process_backend_a_daemon_stopping_its_uid_does_not_stretch_the_time_limit():
     from areal_agents.sandboxes import make_sandbox
 
+    # The daemon's command line carries a tag of this run: the host's /proc also lists other
+    # runs' stoppers (other tests, other checkouts), which are not this sandbox's to kill.
+    tag = secrets.token_hex(8)
     with make_sandbox("process", memory_mb=256, pids=32) as sb:
-        res = sb.run_python(_STOPPER, timeout=2)
+        res = sb.run_python(f"{_STOPPER}# {tag}\n", timeout=2)
         again = sb.run("echo ok", timeout=5)
-        left = sb.run_python(
-            "import glob\nprint(sum(b'SIG' b'STOP' in open(p, 'rb').read()"
-            " for p in glob.glob('/proc/[0-9]*/cmdline')))",
-            timeout=5,
-        )
+        left = sb.run_python(_COUNT_TAGGED.format(half=tag[:8], rest=tag[8:]), timeout=5)
     assert res.timed_out and res.duration_s < 2 + _GRACE_S, res
     assert again.stdout == "ok\n", again
     assert left.stdout == "0\n", left  # the daemon is gone too

@@ -12,9 +12,7 @@ config key to the test that checks it; a key without one fails
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,19 +20,22 @@ from typing import Any
 import pytest
 import torch
 
-from areal_agents.net import free_port
 from areal_agents.trainers.algorithms import PRESETS, AlgoConfig
-from areal_agents.trainers.batching import sequence_logprobs
 from areal_agents.trainers.buffer import TrajectoryBuffer
-from areal_agents.trainers.config import HeldOutConfig, ModelConfig, TrainConfig, TrainerConfig
-from areal_agents.trainers.learner import Learner, LearnerSpec
-from areal_agents.trainers.modeling import load_policy, tiny_model_path
-from areal_agents.types import Trajectory
+from areal_agents.trainers.config import HeldOutConfig, TrainConfig, TrainerConfig
+from tests.trainers._tiny_learner import (
+    A,
+    algo,
+    batch,
+    grad_norm_left,
+    largest_change,
+    learner,
+    params,
+    row,
+    step,
+)
 
-MAX_TOKENS = 8  # the per-turn limit the learner is told (inference.max_tokens)
-
-
-# ---- the fixture: a learner on the tiny model, a batch with known ratios ---------------------
+# ---- the fixture: one thread, and no process group left behind ------------------------------
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -47,112 +48,6 @@ def process_group() -> Iterator[None]:
     torch.set_num_threads(threads)
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-@functools.cache
-def _port() -> int:
-    return free_port()
-
-
-@functools.cache
-def _model() -> Any:
-    return load_policy(tiny_model_path()).eval()
-
-
-@functools.cache
-def _own_logprobs(ids: tuple[int, ...]) -> tuple[float, ...]:
-    """log p(ids[i] | ids[:i]) under the tiny model, 0.0 at position 0."""
-    with torch.no_grad():
-        x = torch.tensor([ids])
-        lp = sequence_logprobs(_model()(input_ids=x).logits, x, 1.0)[0]
-    return (0.0, *lp.tolist())
-
-
-def row(
-    group: str,
-    reward: float,
-    turns: tuple[int, ...] = (5, 3),
-    *,
-    offset: float = 0.0,
-    truncated: bool = False,
-    seed: int = 0,
-) -> Trajectory:
-    """4 prompt tokens, then the turns' policy tokens with 2 tool tokens between them."""
-    mask = [0] * 4
-    for i, n in enumerate(turns):
-        mask += ([0, 0] if i else []) + [1] * n
-    rng = random.Random(f"{group}{reward}{turns}{seed}")
-    ids = tuple(rng.randrange(5, 2000) for _ in mask)
-    own = _own_logprobs(ids)
-    return Trajectory(
-        sequence_ids=ids,
-        loss_mask=tuple(mask),
-        behavior_logprobs=tuple(lp + offset if m else 0.0 for lp, m in zip(own, mask, strict=True)),
-        versions=tuple(0 if m else -1 for m in mask),
-        reward=reward,
-        group_id=group,
-        truncated=truncated,
-    )
-
-
-def batch(offset: float = 0.0, **kw: Any) -> list[Trajectory]:
-    """Two groups of two, rewards 1 and 0 in each: GRPO advantages are +-0.7071."""
-    return [row(g, r, offset=offset, **kw) for g in ("a", "b") for r in (1.0, 0.0)]
-
-
-def learner(algo: AlgoConfig | str = "grpo", **trainer: Any) -> Learner:
-    algo_cfg = AlgoConfig.from_name(algo) if isinstance(algo, str) else algo
-    trainer_cfg = TrainerConfig(**{"lr": 1e-3, "groups_per_step": 2, **trainer})
-    spec = LearnerSpec(
-        model_dir=str(tiny_model_path()),
-        algo=algo_cfg,
-        trainer=trainer_cfg,
-        model=ModelConfig(name="tiny"),
-        temperature=1.0,
-        rank=0,
-        world_size=1,
-        max_response_tokens=MAX_TOKENS,
-    )
-    out = Learner(spec)
-    out.setup("127.0.0.1", _port())
-    return out
-
-
-def algo(preset: str = "grpo", **changes: Any) -> AlgoConfig:
-    return AlgoConfig.from_name(preset).replace(**changes)
-
-
-def step(
-    cfg: AlgoConfig | str = "grpo", data: list[Trajectory] | None = None, **trainer: Any
-) -> dict[str, float]:
-    """The metrics of one train_step of a fresh learner (deterministic, so computed once)."""
-    return dict(_step(cfg, tuple(data if data is not None else batch()), tuple(trainer.items())))
-
-
-@functools.cache
-def _step(
-    cfg: AlgoConfig | str, data: tuple[Trajectory, ...], trainer: tuple[tuple[str, Any], ...]
-) -> dict[str, float]:
-    return learner(cfg, **dict(trainer)).train_step(list(data))
-
-
-def params(lrn: Learner) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in lrn.full_state().items()}
-
-
-def largest_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
-    return max(float((after[k] - before[k]).abs().max()) for k in before)
-
-
-def grad_norm_left(lrn: Learner) -> float:
-    """The norm of the gradients the last update used (after clipping)."""
-    grads = [p.grad for p in lrn.model.parameters() if p.grad is not None]
-    return float(
-        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    )
-
-
-A = 1 / math.sqrt(2)  # GRPO's advantage for rewards (1, 0) in a group: 0.5 / std(1, 0)
 
 
 # ---- presets ---------------------------------------------------------------------------------
