@@ -288,14 +288,17 @@ class InferenceConfig:
     """Time limit of one generation request."""
     startup_timeout_s: float = 600.0
     """Time a server may take to answer its health check."""
-    weight_sync: Literal["auto", "disk", "state_dict", "object_store"] = "auto"
+    weight_sync: Literal["auto", "disk", "state_dict", "object_store", "nccl", "ipc"] = "auto"
     """How weights travel: ``disk`` (a safetensors checkpoint under the run directory: needs a
     disk the servers share), ``state_dict`` (tensors in an HTTP body), ``object_store``
-    (built-in server: Ray's object store, then node-local shared memory; no shared disk) or
-    ``auto`` (``disk`` on a local run, ``object_store`` attached to a cluster with the built-in
-    server)."""
+    (built-in server: Ray's object store, then node-local shared memory; no shared disk),
+    ``nccl`` (vLLM on GPUs: vLLM's own weight transfer, a broadcast from learner rank 0 to every
+    server; no shared disk), ``ipc`` (vLLM on the learner's GPU: CUDA IPC handles) or ``auto``
+    (``disk`` on a local run, ``object_store`` attached to a cluster with the built-in server)."""
     weight_sync_timeout_s: float = 300.0
     """Time limit of one weight push; beyond it the run fails with WeightSyncError."""
+    weight_bucket_mb: float = 256.0
+    """``weight_sync=nccl|ipc``: tensors travel packed in buckets of this many MiB."""
     gpus_per_server: float = 0.0
     """GPUs Ray reserves for each server (0 on CPU machines)."""
     extra_args: tuple[str, ...] = ()
@@ -325,6 +328,12 @@ class InferenceConfig:
                 f"inference.torch_threads does not apply to inference.engine={self.engine}: "
                 f"{engine.torch_threads_note} (drop inference.torch_threads)"
             )
+        if self.weight_sync in ("nccl", "ipc") and self.engine != "vllm":
+            raise ConfigError(
+                f"inference.weight_sync={self.weight_sync} is vLLM's weight transfer: it needs "
+                f"inference.engine=vllm (got {self.engine}); use weight_sync=state_dict or "
+                "object_store with the built-in server"
+            )
         if self.weight_sync == "object_store" and self.engine != "builtin":
             raise ConfigError(
                 f"inference.weight_sync=object_store needs inference.engine=builtin (got "
@@ -332,6 +341,8 @@ class InferenceConfig:
             )
         if self.num_servers < 1:
             raise ConfigError(f"inference.num_servers={self.num_servers}: must be at least 1")
+        if self.weight_bucket_mb <= 0:
+            raise ConfigError(f"inference.weight_bucket_mb={self.weight_bucket_mb}: must be > 0")
         if self.max_tokens < 1:
             raise ConfigError(f"inference.max_tokens={self.max_tokens}: must be at least 1")
         if self.temperature <= 0:
@@ -452,6 +463,12 @@ class TrainConfig:
             raise ConfigError(
                 f"algo={getattr(self.algo, 'name', self.algo.advantage)} compares samples of a "
                 f"group: set env.group_size to 2 or more (got {self.env.group_size})"
+            )
+
+        if self.model.lora.enabled and self.inference.weight_sync in ("nccl", "ipc"):
+            raise ConfigError(
+                f"inference.weight_sync={self.inference.weight_sync} sends the full weights; "
+                "with model.lora.r > 0 a push sends the adapter: drop inference.weight_sync"
             )
 
     def run_dir(self) -> Path:

@@ -409,6 +409,17 @@ class Learner:
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
         self.config.save_pretrained(str(out))
 
+    def init_vllm_transfer(self, **kwargs: Any) -> None:
+        """Join vLLM's weight transfer (``inference.weight_sync=nccl|ipc``): see
+        :func:`~areal_agents.serving.vllm_transfer.module_transfer` for ``kwargs``. Collective."""
+        from areal_agents.serving.vllm_transfer import module_transfer
+
+        self.transfer = module_transfer(self.model, rank=self.spec.rank, **kwargs)
+
+    def send_vllm_weights(self, version: int) -> None:
+        """Send the policy to the vLLM servers as ``version``. Collective."""
+        self.transfer.send(version)
+
     def save_checkpoint(self, directory: str) -> None:
         """Model, optimizer, scheduler, critic, running baseline and RNG into ``directory``.
         Collective."""

@@ -82,6 +82,27 @@ class LearnerGroup:
         ray.wait(refs[:1], fetch_local=False)
         return refs[0]
 
+    def init_vllm_transfer(
+        self, backend: str, base_urls: list[str], timeout_s: float, bucket_bytes: int
+    ) -> None:
+        """Every rank joins vLLM's weight transfer; rank 0 (the sender) meets the servers at
+        its own address."""
+        address = ray.get(self.actors[0].address.remote())
+        port = ray.get(self.actors[0].free_port.remote())
+        self._all(
+            "init_vllm_transfer",
+            backend=backend,
+            base_urls=base_urls,
+            timeout_s=timeout_s,
+            bucket_bytes=bucket_bytes,
+            master_address=address,
+            master_port=port,
+        )
+
+    def send_vllm_weights(self, version: int) -> None:
+        """The policy to every vLLM server as ``version``, from the ranks that hold it."""
+        self._all("send_vllm_weights", version=version)
+
     def save_checkpoint(self, directory: Path) -> None:
         self._all("save_checkpoint", directory=str(directory))
 
