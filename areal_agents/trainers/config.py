@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from areal_agents.config import check_numbers
-from areal_agents.envs.registry import builtin_env
 from areal_agents.errors import ConfigError
 from areal_agents.serving.engines import get_engine
 from areal_agents.trainers.advantages import get_advantage_estimator
@@ -71,6 +70,10 @@ class EnvConfig:
     def from_name(cls, name: str) -> EnvConfig:
         """``env=NAME``: a built-in environment's preset sized for a small CPU machine (its
         ``train_max_turns``), or any other id as it is; the name is checked at start."""
+        # imported here: the learner's configs load without gymnasium (e.g. on a GPU host that
+        # only trains; benchmarks/gpu)
+        from areal_agents.envs.registry import builtin_env
+
         builtin = builtin_env(name)
         return cls(name=name, max_turns=builtin.train_max_turns if builtin else None)
 
