@@ -93,6 +93,20 @@ def server_world_size(base_url: str, timeout: float = 30.0) -> int:
         ) from None
 
 
+def _json_safe(update_info: Mapping[str, Any]) -> dict[str, Any]:
+    """``update_info`` as JSON: CUDA IPC handles (tuples of objects) travel pickled and base64
+    encoded as ``ipc_handles_pickled``, which vLLM's worker reads when started with
+    ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (as vLLM's own HTTP client sends them)."""
+    out = dict(update_info)
+    handles = out.pop("ipc_handles", None)
+    if handles is not None:
+        import base64
+        import pickle
+
+        out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode("ascii")
+    return out
+
+
 class WeightTransferClient:
     """One vLLM server's weight-transfer routes, each call bounded by its phase's timeout.
 
@@ -135,7 +149,10 @@ class WeightTransferClient:
 
     def update_weights(self, update_info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Phase 3: returns when the server has received the tensors ``update_info`` names."""
-        info: Any = dict(update_info) if isinstance(update_info, Mapping) else list(update_info)
+        if isinstance(update_info, Mapping):
+            info: Any = _json_safe(update_info)
+        else:
+            info = [_json_safe(i) for i in update_info]
         self._post("update", "/update_weights", self.timeouts.update_s, {"update_info": info})
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:

@@ -448,6 +448,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_numbers(self.algo, "algo")  # AlgoConfig checks ranges; NaN and inf are caught here
+        if self.model.lora.enabled and self.inference.weight_sync in ("nccl", "ipc"):
+            raise ConfigError(
+                f"inference.weight_sync={self.inference.weight_sync} sends the full weights; "
+                "with model.lora.r > 0 a push sends the adapter: drop inference.weight_sync"
+            )
         if self.algo.overlong_buffer > self.inference.max_tokens:
             raise ConfigError(
                 f"algo.overlong_buffer={self.algo.overlong_buffer} exceeds inference.max_tokens="
@@ -466,12 +471,6 @@ class TrainConfig:
             raise ConfigError(
                 f"algo={getattr(self.algo, 'name', self.algo.advantage)} compares samples of a "
                 f"group: set env.group_size to 2 or more (got {self.env.group_size})"
-            )
-
-        if self.model.lora.enabled and self.inference.weight_sync in ("nccl", "ipc"):
-            raise ConfigError(
-                f"inference.weight_sync={self.inference.weight_sync} sends the full weights; "
-                "with model.lora.r > 0 a push sends the adapter: drop inference.weight_sync"
             )
 
     def run_dir(self) -> Path:

@@ -74,6 +74,8 @@ def _create(
     # the launchers end their server with this process (die_with_parent, on by default)
     server = get_engine(cfg.engine).server_class()(model_dir, **kwargs)
     server.extra_env = thread_env(cfg)
+    if cfg.weight_sync == "ipc":  # CUDA IPC handles arrive pickled (a colocated, local server)
+        server.extra_env = {**server.extra_env, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     return server
 
 

@@ -251,3 +251,16 @@ def test_a_send_before_the_rendezvous_is_an_error(fake: FakeVLLM) -> None:
         transfer.send(1)
     with pytest.raises(ValueError, match="nccl or ipc"):
         TrainerTransfer("gloo", [fake.url], 1, source=None)  # type: ignore[arg-type]
+
+
+def test_ipc_handles_travel_pickled_as_vllms_worker_reads_them(fake: FakeVLLM) -> None:
+    import base64
+    import pickle
+
+    handles = [{"GPU-uuid": ("rebuild", (1, 2, 3))}]
+    fake.arrived.release()
+    WeightTransferClient(fake.url).update_weights({**INFO, "ipc_handles": handles})
+    sent = fake.calls[-1][1]["update_info"]
+    assert "ipc_handles" not in sent
+    assert pickle.loads(base64.b64decode(sent["ipc_handles_pickled"])) == handles
+    assert sent["names"] == INFO["names"]
