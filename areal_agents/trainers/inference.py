@@ -111,10 +111,15 @@ def _launch(cfg: InferenceConfig, model_dir: str, name: str, host: str) -> Any:
 class _ServerHost:
     """A server started inside a Ray actor (cluster mode): Ray decides the node and GPUs."""
 
-    def __init__(self, cfg: InferenceConfig, model_dir: str, name: str) -> None:
+    def __init__(
+        self, cfg: InferenceConfig, model_dir: str, name: str, chat_template: str | None = None
+    ) -> None:
         import ray
 
-        self.server = _launch(cfg, model_dir, name, ray.util.get_node_ip_address())
+        from areal_agents.trainers.modeling import node_model_dir
+
+        local = str(node_model_dir(model_dir, chat_template))  # never the driver's run dir
+        self.server = _launch(cfg, local, name, ray.util.get_node_ip_address())
 
     def base_url(self) -> str:
         return str(self.server.base_url)
@@ -202,9 +207,11 @@ def start_servers(
     on_cluster: bool,
     log_dir: Path | None = None,
     launched: list[InferenceServer] | None = None,
+    chat_template: str | None = None,
 ) -> list[InferenceServer]:
     """Start ``cfg.num_servers`` servers on ``model_dir`` and wait until they answer
-    (``launched``: local servers :func:`launch_local_servers` already started, to wait for)."""
+    (``launched``: local servers :func:`launch_local_servers` already started, to wait for).
+    On a cluster each server applies ``chat_template`` to ``model_dir`` on its own node."""
     if not on_cluster:
         servers = launched or launch_local_servers(cfg, model_dir, served_name, log_dir)
         try:
@@ -219,7 +226,7 @@ def start_servers(
     handles = [
         host.options(
             num_cpus=0, num_gpus=cfg.gpus_per_server, **spread(True, i, 0.0, cfg.gpus_per_server)
-        ).remote(cfg=cfg, model_dir=str(model_dir), name=served_name)
+        ).remote(cfg=cfg, model_dir=str(model_dir), name=served_name, chat_template=chat_template)
         for i in range(cfg.num_servers)
     ]
     return [_RemoteServer(h) for h in handles]
