@@ -22,10 +22,6 @@ MODEL=${MODEL:-synthetic}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "no CUDA GPU visible to $PY: this script is for a GPU machine" >&2
-    exit 2
-fi
 ARGS=(--device cuda --model "$MODEL" --dtype bfloat16 --rows 32 --seq-len 512 --steps 3
       --batch-sizes 1,4,16,64,128 --new-tokens 128 --agreement-rows 16
       --json benchmarks/results/gpu_measure.json
@@ -33,6 +29,10 @@ ARGS=(--device cuda --model "$MODEL" --dtype bfloat16 --rows 32 --seq-len 512 --
 if [ "${1:-}" = "--check" ]; then
     echo "$PY benchmarks/gpu/measure.py ${ARGS[*]}"
     exit 0
+fi
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "no CUDA GPU visible to $PY: this script is for a GPU machine" >&2
+    exit 2
 fi
 start=$(date +%s)
 timeout 470 "$PY" benchmarks/gpu/measure.py "${ARGS[@]}"
