@@ -16,8 +16,11 @@ refers to it only by that id (``Message.turn_id``), never by its token ids. Tool
 the text in the model's own format; the environment parses them (and counts malformed ones as
 the model's mistakes).
 
-If a weight update interrupts a generation (``finish_reason="abort"``), the client continues it
-from where it stopped, under the new weights, and tags those tokens with the new version.
+Each response's tokens get the weight version the server reports with that response
+(:func:`~areal_agents.policies.versions.response_version`: a generation that overlapped an
+update gets the older version). If a weight update interrupts a generation
+(``finish_reason="abort"``), the client continues it from where it stopped, under the new
+weights, and tags those tokens with the new version.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 from areal_agents.errors import EndpointError
 from areal_agents.policies.openai_client import ClientSettings, EndpointClient
 from areal_agents.policies.templates import ChatTokenizer, continuation_ids, render_prompt_ids
+from areal_agents.policies.versions import response_version
 from areal_agents.types import Message, ToolSpec, Turn
 
 __all__ = ["ABORT_FINISH_REASON", "TokenPolicy", "prompt_ids_for"]
@@ -81,7 +85,8 @@ class TokenPolicy:
         temperature, top_p, max_tokens: sampling; ``max_tokens`` is cut to the context left.
         stop: stop strings; extra_body: more request fields (``{"ignore_eos": True}``).
         version_source: where the weight version comes from when a response carries none
-            (vLLM reports none on completions): e.g. the launcher's ``weight_version``.
+            (an endpoint other than the built-in server or vLLM started by the launcher, which
+            send it: :mod:`areal_agents.policies.versions`); default 0.
         max_model_len: the server's context length (None asks ``/v1/models`` once).
         max_continuations: how many times an aborted generation is continued.
         timeout, max_retries, backoff_s, max_concurrency, api_key: see :class:`ClientSettings`.
@@ -154,12 +159,14 @@ class TokenPolicy:
         }
         if self.stop:
             body["stop"] = self.stop
-        response = await self.endpoint.call(
+        raw = await self.endpoint.call(
             "completion",
-            lambda c: c.completions.create(**body, extra_body=self.extra_body),
+            lambda c: c.completions.with_raw_response.create(**body, extra_body=self.extra_body),
         )
+        response = raw.parse()
         extra = response.model_extra or {}
-        version = extra.get("weight_version")
+        # from the response (body, or the servers' version headers), never read afterwards
+        version = response_version(raw.headers, extra.get("weight_version"))
         if version is None:
             version = self.version_source() if self.version_source is not None else 0
         return response, int(version)

@@ -3,7 +3,8 @@
 OpenAI routes speak the same fields as vLLM's OpenAI server, including its extensions for RL:
 ``return_token_ids`` (top-level/per-choice ``prompt_token_ids`` and per-choice ``token_ids``)
 and token-id prompts on ``/v1/completions``. Every response carries the serving weight version
-(``weight_version`` in the body, ``X-Weight-Version`` header). Training routes: ``/pause``,
+(``weight_version`` in the body; the ``X-Weight-Version-Start`` and ``X-Weight-Version`` headers
+of :mod:`areal_agents.policies.versions`). Training routes: ``/pause``,
 ``/resume``, ``/weight_version``, ``/update_weights_from_disk`` (JSON ``{"path", "version"}``)
 and ``/update_weights?version=N`` (a safetensors-serialised state dict as the request body; with
 ``&scaling=S`` the body is a LoRA adapter, merged onto the base weights: ``serving/adapters.py``).
@@ -25,6 +26,7 @@ from pydantic import BaseModel
 
 from areal_agents.errors import ConfigError, WeightSyncError
 from areal_agents.policies.templates import render_prompt_ids
+from areal_agents.policies.versions import END_HEADER, START_HEADER
 from areal_agents.serving.engine import Engine, GenerationRequest, GenerationResult
 from areal_agents.serving.schema import (
     APIError,
@@ -353,8 +355,10 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         guarded = api_key and request.url.path.startswith("/v1/")
         if guarded and request.headers.get("authorization") != f"Bearer {api_key}":
             return _error(401, "invalid or missing API key", "AuthenticationError")
+        start = engine.weight_version
         response = await call_next(request)
-        response.headers["X-Weight-Version"] = str(engine.weight_version)
+        response.headers[START_HEADER] = str(start)
+        response.headers[END_HEADER] = str(engine.weight_version)
         return response
 
     @app.exception_handler(APIError)

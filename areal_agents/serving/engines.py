@@ -84,6 +84,5 @@ register_engine(
         "vllm",
         "areal_agents.serving.vllm:VLLMServer",
         torch_threads_note="vLLM on CPU takes its threads from VLLM_CPU_OMP_THREADS_BIND",
-        version_probe="areal_agents.serving.vllm:served_version_probe",
     )
 )

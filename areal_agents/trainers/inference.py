@@ -12,7 +12,10 @@ environment (a built-in server reports the count it runs with on ``/health``).
 :class:`WeightSync` pushes version ``v`` to every server with a time limit: the learner writes a
 safetensors directory (``weight_sync=disk``), hands over its state dict
 (``weight_sync=state_dict``) or leaves it in Ray's object store for the server's node to load
-(``weight_sync=object_store``, :mod:`areal_agents.trainers.object_store`); a server that
+(``weight_sync=object_store``, :mod:`areal_agents.trainers.object_store`), or, with vLLM,
+the learner ranks send it through vLLM's own weight transfer (``weight_sync=nccl|ipc``,
+:mod:`areal_agents.serving.vllm_transfer`: the servers are paused, rank 0 broadcasts, each
+server's ``/finish_weight_update`` sets the version; no disk involved); a server that
 fails or does not answer in time raises :class:`~areal_agents.errors.WeightSyncError`, never a
 silent hang. The servers interrupt the generations in flight, swap the weights and continue
 them, tagging new tokens with ``v``.
@@ -24,12 +27,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import json
 import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from areal_agents.errors import WeightSyncError
 from areal_agents.serving.base import InferenceServer
@@ -50,20 +54,28 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+VLLM_TRANSFER = ("nccl", "ipc")
+"""``weight_sync`` modes that are vLLM's own weight transfer, driven from the learner ranks."""
+
 
 def _create(
     cfg: InferenceConfig, model_dir: str, name: str, host: str, log_path: Path | None
 ) -> Any:
     """A server handle, not started yet."""
+    extra_args = list(cfg.extra_args)
+    if cfg.weight_sync in VLLM_TRANSFER:  # vLLM's own weight transfer, set up at launch
+        extra_args += ["--weight-transfer-config", json.dumps({"backend": cfg.weight_sync})]
     kwargs: dict[str, Any] = {
         "served_model_name": name,
         "host": host,
-        "extra_args": list(cfg.extra_args),
+        "extra_args": extra_args,
         "log_path": log_path,
     }
     # the launchers end their server with this process (die_with_parent, on by default)
     server = get_engine(cfg.engine).server_class()(model_dir, **kwargs)
     server.extra_env = thread_env(cfg)
+    if cfg.weight_sync == "ipc":  # CUDA IPC handles arrive pickled (a colocated, local server)
+        server.extra_env = {**server.extra_env, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     return server
 
 
@@ -99,10 +111,15 @@ def _launch(cfg: InferenceConfig, model_dir: str, name: str, host: str) -> Any:
 class _ServerHost:
     """A server started inside a Ray actor (cluster mode): Ray decides the node and GPUs."""
 
-    def __init__(self, cfg: InferenceConfig, model_dir: str, name: str) -> None:
+    def __init__(
+        self, cfg: InferenceConfig, model_dir: str, name: str, chat_template: str | None = None
+    ) -> None:
         import ray
 
-        self.server = _launch(cfg, model_dir, name, ray.util.get_node_ip_address())
+        from areal_agents.trainers.modeling import node_model_dir
+
+        local = str(node_model_dir(model_dir, chat_template))  # never the driver's run dir
+        self.server = _launch(cfg, local, name, ray.util.get_node_ip_address())
 
     def base_url(self) -> str:
         return str(self.server.base_url)
@@ -190,9 +207,11 @@ def start_servers(
     on_cluster: bool,
     log_dir: Path | None = None,
     launched: list[InferenceServer] | None = None,
+    chat_template: str | None = None,
 ) -> list[InferenceServer]:
     """Start ``cfg.num_servers`` servers on ``model_dir`` and wait until they answer
-    (``launched``: local servers :func:`launch_local_servers` already started, to wait for)."""
+    (``launched``: local servers :func:`launch_local_servers` already started, to wait for).
+    On a cluster each server applies ``chat_template`` to ``model_dir`` on its own node."""
     if not on_cluster:
         servers = launched or launch_local_servers(cfg, model_dir, served_name, log_dir)
         try:
@@ -207,7 +226,7 @@ def start_servers(
     handles = [
         host.options(
             num_cpus=0, num_gpus=cfg.gpus_per_server, **spread(True, i, 0.0, cfg.gpus_per_server)
-        ).remote(cfg=cfg, model_dir=str(model_dir), name=served_name)
+        ).remote(cfg=cfg, model_dir=str(model_dir), name=served_name, chat_template=chat_template)
         for i in range(cfg.num_servers)
     ]
     return [_RemoteServer(h) for h in handles]
@@ -253,6 +272,27 @@ def _adapter_push(server: InferenceServer, scaling: float) -> Callable[..., None
     return push
 
 
+_Call = tuple[Callable[..., None], Any]
+
+
+def _pause_all(servers: list[InferenceServer]) -> None:
+    """Stop generating on every server (in-flight requests end with ``finish_reason=abort``;
+    the token client continues them under the new weights)."""
+    for server in servers:
+        server.pause()
+
+
+def _resume_all(servers: list[InferenceServer]) -> None:
+    errors = []
+    for server in servers:
+        try:
+            server.resume()
+        except Exception as e:  # resume the others all the same
+            errors.append(e)
+    if errors:
+        raise WeightSyncError(f"resuming after a weight update failed: {errors[0]}")
+
+
 def _ref_loader(server: Any) -> Callable[..., None]:
     """How ``server`` takes a state dict from Ray's object store (see ``object_store``)."""
     if hasattr(server, "update_weights_from_ref"):  # a server on a cluster node: its actor
@@ -286,25 +326,69 @@ class WeightSync:
         self.served_versions: list[int] = []
         #: extra seconds granted beyond the servers' own timeout before giving up on them
         self.grace_s = 60.0
+        self._transfer_ready = False
+        if self.mode not in self._MODES:
+            raise WeightSyncError(f"unknown inference.weight_sync={self.mode!r}")
+
+    # ---- how each mode gets the weights to the servers: ``fn(learners, version) -> calls``,
+    # one ``(update, argument)`` per server, run as ``update(argument, version, timeout)``
+
+    def _adapter_calls(self, learners: Any, version: int) -> list[_Call]:
+        """The LoRA adapter only, merged by each server onto its base."""
+        assert self.lora is not None
+        adapter, scaling = learners.adapter_state(), self.lora.scaling
+        return [(_adapter_push(s, scaling), adapter) for s in self.servers]
+
+    def _disk_calls(self, learners: Any, version: int) -> list[_Call]:
+        target = self.weights_dir / f"v{version:06d}"
+        learners.export_weights(target)
+        return [(s.update_weights_from_disk, str(target)) for s in self.servers]
+
+    def _object_store_calls(self, learners: Any, version: int) -> list[_Call]:
+        refs = [learners.state_ref()]  # in a list: Ray passes it on unresolved
+        return [(_ref_loader(s), refs) for s in self.servers]
+
+    def _state_dict_calls(self, learners: Any, version: int) -> list[_Call]:
+        state = learners.full_state()
+        return [(s.update_weights_from_state_dict, state) for s in self.servers]
+
+    def _vllm_transfer_calls(self, learners: Any, version: int) -> list[_Call]:
+        """vLLM's own transfer: the learner ranks send; one call for all servers."""
+
+        def send(_: None, version: int, timeout: float) -> None:
+            if not self._transfer_ready:  # the rendezvous, once
+                urls = [str(s.base_url) for s in self.servers]
+                learners.init_vllm_transfer(
+                    backend=self.mode,
+                    base_urls=urls,
+                    timeout_s=timeout,
+                    bucket_bytes=int(self.cfg.weight_bucket_mb * (1 << 20)),
+                )
+                self._transfer_ready = True
+            _pause_all(self.servers)
+            try:
+                learners.send_vllm_weights(version)
+            finally:
+                _resume_all(self.servers)
+
+        return [(send, None)]
+
+    _MODES: ClassVar[dict[str, Callable[[WeightSync, Any, int], list[_Call]]]] = {
+        "disk": _disk_calls,
+        "object_store": _object_store_calls,
+        "state_dict": _state_dict_calls,
+        "nccl": _vllm_transfer_calls,
+        "ipc": _vllm_transfer_calls,
+    }
 
     def push(self, learners: Any, version: int) -> float:
         """Send version ``version`` to every server; returns the seconds it took."""
         start = time.perf_counter()
         timeout = self.cfg.weight_sync_timeout_s
-        calls: list[tuple[Callable[..., None], Any]]
-        if self.lora is not None:  # the adapter only, merged by each server onto its base
-            adapter, scaling = learners.adapter_state(), self.lora.scaling
-            calls = [(_adapter_push(s, scaling), adapter) for s in self.servers]
-        elif self.mode == "disk":
-            target = self.weights_dir / f"v{version:06d}"
-            learners.export_weights(target)
-            calls = [(s.update_weights_from_disk, str(target)) for s in self.servers]
-        elif self.mode == "object_store":
-            refs = [learners.state_ref()]  # in a list: Ray passes it on unresolved
-            calls = [(_ref_loader(s), refs) for s in self.servers]
+        if self.lora is not None:
+            calls = self._adapter_calls(learners, version)
         else:
-            state = learners.full_state()
-            calls = [(s.update_weights_from_state_dict, state) for s in self.servers]
+            calls = self._MODES[self.mode](self, learners, version)
         pool = concurrent.futures.ThreadPoolExecutor(len(calls), thread_name_prefix="push")
         try:
             futures = [pool.submit(fn, arg, version, timeout) for fn, arg in calls]

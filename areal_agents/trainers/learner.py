@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ from areal_agents.trainers.batching import (
     sequence_logprobs,
     split_minibatches,
 )
-from areal_agents.trainers.checkpoint import capture_rng, restore_rng
+from areal_agents.trainers.checkpoint import capture_rng, read_files, restore_rng, write_files
 from areal_agents.trainers.config import LoraConfig, ModelConfig, TrainerConfig
 from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.filters import shape_batch
@@ -409,6 +410,17 @@ class Learner:
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
         self.config.save_pretrained(str(out))
 
+    def init_vllm_transfer(self, **kwargs: Any) -> None:
+        """Join vLLM's weight transfer (``inference.weight_sync=nccl|ipc``): see
+        :func:`~areal_agents.serving.vllm_transfer.module_transfer` for ``kwargs``. Collective."""
+        from areal_agents.serving.vllm_transfer import module_transfer
+
+        self.transfer = module_transfer(self.model, rank=self.spec.rank, **kwargs)
+
+    def send_vllm_weights(self, version: int) -> None:
+        """Send the policy to the vLLM servers as ``version``. Collective."""
+        self.transfer.send(version)
+
     def save_checkpoint(self, directory: str) -> None:
         """Model, optimizer, scheduler, critic, running baseline and RNG into ``directory``.
         Collective."""
@@ -472,6 +484,18 @@ class Learner:
         if rng.is_file():
             restore_rng(torch.load(rng, weights_only=False))
         return self.step
+
+    def checkpoint_files(self) -> dict[str, bytes]:
+        """:meth:`save_checkpoint` through this node's temporary directory; the files this rank
+        wrote, for the driver to store. Collective."""
+        with tempfile.TemporaryDirectory(prefix="areal-ckpt-") as tmp:
+            self.save_checkpoint(tmp)
+            return read_files(tmp)
+
+    def load_checkpoint_files(self, files: dict[str, bytes]) -> int:
+        """:meth:`load_checkpoint` from the driver's files (every rank's). Collective."""
+        with tempfile.TemporaryDirectory(prefix="areal-ckpt-") as tmp:
+            return self.load_checkpoint(str(write_files(files, tmp)))
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -8,6 +8,7 @@ from typing import Any
 
 import ray
 
+from areal_agents.trainers.checkpoint import read_files, write_files
 from areal_agents.trainers.cluster import spread
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.learner import Learner, LearnerSpec
@@ -28,6 +29,7 @@ class LearnerGroup:
     def __init__(self, cfg: TrainConfig, model_dir: Path) -> None:
         world = cfg.trainer.learner_ranks
         use_gpu = cfg.ray.learner_gpus > 0
+        self.on_cluster = bool(cfg.ray.address)
         actor = remote_class(Learner)
         self.actors = [
             actor.options(
@@ -82,11 +84,42 @@ class LearnerGroup:
         ray.wait(refs[:1], fetch_local=False)
         return refs[0]
 
+    def init_vllm_transfer(
+        self, backend: str, base_urls: list[str], timeout_s: float, bucket_bytes: int
+    ) -> None:
+        """Every rank joins vLLM's weight transfer; rank 0 (the sender) meets the servers at
+        its own address."""
+        address = ray.get(self.actors[0].address.remote())
+        port = ray.get(self.actors[0].free_port.remote())
+        self._all(
+            "init_vllm_transfer",
+            backend=backend,
+            base_urls=base_urls,
+            timeout_s=timeout_s,
+            bucket_bytes=bucket_bytes,
+            master_address=address,
+            master_port=port,
+        )
+
+    def send_vllm_weights(self, version: int) -> None:
+        """The policy to every vLLM server as ``version``, from the ranks that hold it."""
+        self._all("send_vllm_weights", version=version)
+
     def save_checkpoint(self, directory: Path) -> None:
-        self._all("save_checkpoint", directory=str(directory))
+        """The learner part of a checkpoint into ``directory`` on the driver's disk: on a
+        cluster the ranks send their files here (nothing on another node needs the run
+        directory); locally they write it themselves."""
+        if not self.on_cluster:
+            self._all("save_checkpoint", directory=str(directory))
+            return
+        parts = ray.get([a.checkpoint_files.remote() for a in self.actors])
+        write_files({name: data for part in parts for name, data in part.items()}, directory)
 
     def load_checkpoint(self, directory: Path) -> int:
-        return int(self._all("load_checkpoint", directory=str(directory)))
+        if not self.on_cluster:
+            return int(self._all("load_checkpoint", directory=str(directory)))
+        files = ray.put(read_files(directory))  # one copy in the object store for every rank
+        return int(self._all("load_checkpoint_files", files=files))
 
     def shutdown(self) -> None:
         # the process group may already be gone; killing the actors follows anyway

@@ -58,7 +58,7 @@ from areal_agents.trainers.metrics import (
     progress_postfix,
     write_summary,
 )
-from areal_agents.trainers.modeling import prepare_model_dir
+from areal_agents.trainers.modeling import model_source, prepare_model_dir
 from areal_agents.trainers.report import refresh_report
 from areal_agents.trainers.runtime import (
     RolloutWorkerActor,
@@ -83,6 +83,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     check_env(cfg)
     held_out = held_out_task_ids(cfg)  # never trained on; scored before and after
     model_dir = prepare_model_dir(cfg.model, run_dir)  # the chat-template gate: before Ray
+    # what other nodes get: the model's own directory and the template, never the run directory
+    shared_dir, template = model_source(model_dir) if cfg.ray.address else (model_dir, None)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
     ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
@@ -109,14 +111,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         clock.mark("ray_s")
         # ---- set-up: learners (loading meanwhile), servers, buffer; restore the checkpoint --
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learners") as pool:
-            building = pool.submit(LearnerGroup, cfg, model_dir)
+            building = pool.submit(LearnerGroup, cfg, shared_dir)  # weights only: no template
             servers = start_servers(
                 cfg.inference,
-                model_dir,
+                shared_dir,
                 "policy",
                 on_cluster=bool(cfg.ray.address),
                 log_dir=run_dir / "logs",
                 launched=servers,
+                chat_template=template,
             )
             clock.mark("servers_s")
             buffer = (
@@ -125,7 +128,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             before = held_out_before(cfg, servers, run_dir, fresh=resume_from is None)
             clock.mark("eval_before_s")
             if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
-                workers = start_workers(cfg, servers, model_dir, buffer, held_out or frozenset())
+                workers = start_workers(
+                    cfg, servers, shared_dir, buffer, held_out or frozenset(), template
+                )
                 runs = [w.run.remote() for w in workers]
             learners = building.result()
         clock.mark("learners_s")  # the part of the learners' load that servers did not overlap
@@ -149,7 +154,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             sync.push(learners, step)  # the servers start from the base weights
             ray.get(buffer.set_version.remote(version=step))
             # ---- rollout workers generate in the background from here on -----------------
-            workers = start_workers(cfg, servers, model_dir, buffer, held_out or frozenset())
+            workers = start_workers(
+                cfg, servers, shared_dir, buffer, held_out or frozenset(), template
+            )
             runs = [w.run.remote() for w in workers]
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
 
@@ -320,7 +327,9 @@ def start_workers(
     model_dir: Path,
     buffer: Any,
     exclude_task_ids: frozenset[str] = frozenset(),
+    chat_template: str | None = None,
 ) -> list[Any]:
+    """The rollout workers (Ray actors); each applies ``chat_template`` on its own node."""
     urls = [str(s.base_url) for s in servers]
     actor = remote_class(RolloutWorkerActor)
     return [
@@ -338,6 +347,7 @@ def start_workers(
             worker_id=i,
             max_concurrent_groups=cfg.trainer.concurrent_groups,
             exclude_task_ids=exclude_task_ids,
+            chat_template=chat_template,
         )
         for i in range(cfg.trainer.rollout_workers)
     ]

@@ -29,6 +29,8 @@ __all__ = [
     "ValueModel",
     "check_model_template",
     "load_policy",
+    "model_source",
+    "node_model_dir",
     "prepare_model_dir",
     "resolve_model_dir",
     "tiny_model_path",
@@ -123,6 +125,35 @@ def with_chat_template(model_dir: Path, template: str, dest: Path) -> Path:
         (dest / entry.name).symlink_to(entry.resolve())
     (dest / "chat_template.jinja").write_text(template)
     return dest
+
+
+def model_source(model_dir: Path) -> tuple[Path, str | None]:
+    """The original model directory behind a :func:`with_chat_template` view, and the view's
+    template (``(model_dir, None)`` for a plain directory). What travels to another node: the
+    view lives in the run directory, which only the driver's node has."""
+    config = model_dir / "config.json"
+    jinja = model_dir / "chat_template.jinja"
+    if config.is_symlink() and jinja.is_file():
+        return config.resolve().parent, jinja.read_text()
+    return model_dir, None
+
+
+def node_model_dir(model_dir: str | Path, chat_template: str | None) -> Path:
+    """``model_dir`` as this node sees it: with ``chat_template`` set, a view of it with that
+    template in this node's temporary directory (built once per model and template)."""
+    if chat_template is None:
+        return Path(model_dir)
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(f"{Path(model_dir).resolve()}\0{chat_template}".encode()).hexdigest()
+    target = Path(tempfile.gettempdir()) / f"areal-model-{key[:16]}"
+    if not (target / "chat_template.jinja").is_file():
+        with atomic_directory(
+            target, is_complete=lambda p: (p / "chat_template.jinja").is_file()
+        ) as work:
+            with_chat_template(Path(model_dir), chat_template, work)
+    return target
 
 
 def prepare_model_dir(model: ModelConfig, run_dir: Path) -> Path:

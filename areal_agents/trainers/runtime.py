@@ -206,13 +206,16 @@ class RolloutWorkerActor:
         worker_id: int,
         max_concurrent_groups: int,
         exclude_task_ids: frozenset[str] = frozenset(),
+        chat_template: str | None = None,
     ) -> None:
         from transformers import AutoTokenizer
 
         from areal_agents.policies.token_client import TokenPolicy
         from areal_agents.serving.engines import get_engine
+        from areal_agents.trainers.modeling import node_model_dir
 
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        # the template applied on this node: the driver's run directory is not readable here
+        tokenizer = AutoTokenizer.from_pretrained(str(node_model_dir(model_dir, chat_template)))
         engine = get_engine(inference.engine)
         policies = [
             TokenPolicy(

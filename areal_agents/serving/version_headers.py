@@ -1,0 +1,108 @@
+"""vLLM's responses carry the weight version they were generated under (ASGI middleware).
+
+:class:`WeightVersionMiddleware` adds the headers of :mod:`areal_agents.policies.versions` to
+every HTTP response of stock vLLM's OpenAI server (the launcher passes it with vLLM's
+``--middleware`` flag): ``X-Weight-Version-Start`` (the version when the request arrived) and
+``X-Weight-Version`` (when the response began: for a non-streaming request, after the generation
+ended). It reads the version from vLLM's engine, which ``/finish_weight_update`` and
+``/update_weight_version`` set. The module imports nothing beyond the standard library, and
+nothing of areal_agents: the launcher copies it as a standalone module onto vLLM's path, so
+that it loads in vLLM's own interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+__all__ = ["END_HEADER", "START_HEADER", "WeightVersionMiddleware"]
+
+# the same names as areal_agents.policies.versions (not imported: this module stands alone)
+START_HEADER = "X-Weight-Version-Start"
+END_HEADER = "X-Weight-Version"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def _parse(value: object) -> str:
+    """The version as digits ("default", vLLM's before any update: "0"); "" if unreadable."""
+    text = str(value).strip()
+    if text.isdigit():
+        return str(int(text))
+    return "0" if text == "default" else ""
+
+
+class WeightVersionMiddleware:
+    """ASGI middleware for vLLM's OpenAI server: version headers on every HTTP response.
+
+    A generation request (``POST /v1/...``) that arrives while the engine is paused for a weight
+    update waits here until it resumes (vLLM would hold it anyway), so its start version is the
+    one that generates it, not the one being replaced.
+
+    Args:
+        app: the wrapped ASGI application.
+        version: an async function returning the served version (default: vLLM's
+            ``app.state.engine_client.get_weight_version()``).
+        paused: an async function, true while generation is paused (default: vLLM's
+            ``engine_client.is_paused()``).
+        poll_s: how often a held request checks for the resume.
+    """
+
+    def __init__(
+        self,
+        app: Callable[..., Awaitable[None]],
+        version: Callable[[], Awaitable[Any]] | None = None,
+        paused: Callable[[], Awaitable[bool]] | None = None,
+        poll_s: float = 0.01,
+    ) -> None:
+        self.app = app
+        self._version = version
+        self._paused = paused
+        self.poll_s = poll_s
+
+    async def _current(self, scope: Scope) -> str:
+        try:
+            if self._version is not None:
+                value = await self._version()
+            else:
+                value = await scope["app"].state.engine_client.get_weight_version()
+        except Exception:  # never fail a request over its label; the client sees no header
+            return ""
+        return _parse(value)
+
+    async def _wait_resumed(self, scope: Scope) -> None:
+        try:
+            while await (
+                self._paused()
+                if self._paused is not None
+                else scope["app"].state.engine_client.is_paused()
+            ):
+                await asyncio.sleep(self.poll_s)
+        except Exception:  # no pause state to read: vLLM holds the request itself
+            return
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") == "POST" and str(scope.get("path", "")).startswith("/v1/"):
+            await self._wait_resumed(scope)
+        start = await self._current(scope)
+        names = (START_HEADER.lower().encode(), END_HEADER.lower().encode())
+
+        async def send_with_version(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                end = await self._current(scope)
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                if start:
+                    headers.append((names[0], start.encode()))
+                if end:
+                    headers.append((names[1], end.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_version)
