@@ -223,13 +223,19 @@ class Server:
         raise AssertionError(f"no ready line; output:\n{''.join(self.output)[-4000:]}")
 
     def stop(self) -> int:
+        """SIGTERM, then SIGKILL after 30 s; then whatever the server started in its session
+        (its process group: engine or worker children) is killed too, so nothing outlives
+        the test."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=30)
+            code = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            code = self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group we started (new session)
+        return code
 
 
 def find_command(pattern: re.Pattern[str]) -> Command:
