@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,7 +42,15 @@ from areal_agents.config import (
 )
 from areal_agents.errors import AgentsError, ConfigError
 
-__all__ = ["Command", "job_configs", "launch", "parse"]
+__all__ = [
+    "Command",
+    "check_sweep_dirs",
+    "default_output",
+    "job_configs",
+    "job_overrides",
+    "launch",
+    "parse",
+]
 
 T = TypeVar("T")
 
@@ -75,9 +84,7 @@ class Command(Generic[T]):
         return bool(a.cfg or a.info or a.hydra_help or a.shell_completion)
 
 
-def parse(
-    cls: type[T], argv: Sequence[str], flags: Mapping[str, str] | None = None
-) -> Command[T]:
+def parse(cls: type[T], argv: Sequence[str], flags: Mapping[str, str] | None = None) -> Command[T]:
     """Split ``argv`` into the project's flags, Hydra's flags and overrides.
 
     ``flags`` maps extra flags to overrides (``{"--resume": "resume=true"}``).
@@ -145,7 +152,8 @@ def _quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _default_output(command: Command[Any], cfg: Any) -> bool:
+def default_output(command: Command[Any], cfg: Any) -> bool:
+    """Whether ``cfg``'s ``output_dir`` is the root's default (a sweep job gets its own)."""
     return bool(getattr(cfg, "output_dir", None) == getattr(command.cls(), "output_dir", None))
 
 
@@ -153,7 +161,7 @@ def check_sweep_dirs(command: Command[T], configs: Sequence[T]) -> None:
     """Refuse a sweep whose jobs would share a run directory (an ``output_dir`` set for all)."""
     seen: dict[str, int] = {}
     for num, cfg in enumerate(configs):
-        if _default_output(command, cfg):
+        if default_output(command, cfg):
             continue
         out = str(Path(str(getattr(cfg, "output_dir", ""))).absolute())
         if out in seen:
@@ -176,8 +184,8 @@ def launch(
     """Run ``job`` on each job's configuration through Hydra's launcher; the jobs' results.
 
     ``run_dir`` is ``hydra.run.dir`` of a single run (the run's own directory). A job's
-    :class:`AgentsError` or ``SystemExit`` is re-raised after a single run; after a sweep,
-    each failure is printed and the command exits with the worst status.
+    exception (an :class:`AgentsError`, ``SystemExit``, a bug) is re-raised after a single
+    run; after a sweep, each failure is printed and the command exits with the worst status.
     """
     from hydra._internal.utils import _run_hydra
     from hydra.core.global_hydra import GlobalHydra
@@ -196,11 +204,15 @@ def launch(
         num = len(results) + len(failures)
         try:
             cfg = build(command.cls, node)
-            if command.multirun and _default_output(command, cfg):
+            if command.multirun and default_output(command, cfg):
                 cfg = replace(cfg, output_dir=HydraConfig.get().runtime.output_dir)  # type: ignore[type-var]
             results.append(job(cfg))
-        except (AgentsError, SystemExit) as e:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # re-raised below (not left to Hydra's own reporting)
             failures.append((num, e))
+            if command.multirun and not isinstance(e, AgentsError | SystemExit):
+                traceback.print_exception(e)
 
     config_name = primary(command.cls, command.files, command.hydra_args.config_name, hydra_node)
     overrides = prepare_overrides(command.cls, command.overrides, _config_dir(command))
@@ -222,6 +234,8 @@ def launch(
         if not isinstance(e, SystemExit):
             print(f"error: job {num}: {e}", file=sys.stderr)
     if status:
-        print(f"error: {len(failures)} of {len(results) + len(failures)} jobs failed", file=sys.stderr)
+        print(
+            f"error: {len(failures)} of {len(results) + len(failures)} jobs failed", file=sys.stderr
+        )
         raise SystemExit(status)
     return results

@@ -145,22 +145,28 @@ def _open_dicts(cls: type, node: Any) -> None:
             _open_dicts(tp, node[name])
 
 
-def _store_option(group: str, name: str, value: Any) -> str:
+#: group -> (its dataclass, the options stored for it); name -> (root, hydra node) registered.
+_OPTIONS: dict[str, tuple[type, set[str]]] = {}
+_ROOTS: dict[str, tuple[type, str]] = {}
+
+
+def _store_option(group: str, tp: type, name: str, value: Any) -> str:
     from hydra.core.config_store import ConfigStore
 
+    store = ConfigStore.instance()
+    owner, options = _OPTIONS.get(group, (tp, set()))
+    if owner is not tp:  # another root's group of the same name: start the group afresh
+        store.repo.pop(group, None)
+        options = set()
     option = _option(name)
-    ConfigStore.instance().store(group=group, name=option, node=_node(value), package=group)
+    store.store(group=group, name=option, node=_node(value), package=group)
+    _OPTIONS[group] = (tp, options | {option})
     return option
 
 
-def _stored(group: str, option: str) -> bool:
-    from hydra.core.config_store import ConfigStore
-
-    try:
-        ConfigStore.instance().load(f"{group}/{option}.yaml")
-    except Exception:  # ConfigLoadError: not stored
-        return False
-    return True
+def _stored(group: str, tp: type, option: str) -> bool:
+    owner, options = _OPTIONS.get(group, (None, set()))
+    return owner is tp and option in options
 
 
 def register(cls: type, hydra: Mapping[str, Any] | None = None) -> str:
@@ -172,6 +178,12 @@ def register(cls: type, hydra: Mapping[str, Any] | None = None) -> str:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
+    name = config_name(cls)
+    key = (cls, repr(hydra))
+    if _ROOTS.get(name) == key and all(
+        _OPTIONS.get(g, (None,))[0] is tp for g, tp in group_fields(cls).items()
+    ):
+        return name
     default = cls()
     groups = group_fields(cls)
     defaults: list[Any] = ["_self_"]
@@ -179,11 +191,13 @@ def register(cls: type, hydra: Mapping[str, Any] | None = None) -> str:
         value = getattr(default, group)
         names = list(getattr(tp, "preset_names", tuple)())
         choice = next((n for n in names if tp.from_name(n) == value), None)  # type: ignore[attr-defined]
-        for name in names:
-            _store_option(group, name, tp.from_name(name))  # type: ignore[attr-defined]
+        _OPTIONS.pop(group, None)
+        ConfigStore.instance().repo.pop(group, None)
+        for option in names:
+            _store_option(group, tp, option, tp.from_name(option))  # type: ignore[attr-defined]
         if choice is None:
             choice = str(getattr(value, "name", "default"))
-            _store_option(group, choice, value)
+            _store_option(group, tp, choice, value)
         defaults.append({group: _option(choice)})
     node = _node(default)
     for group in groups:
@@ -195,8 +209,8 @@ def register(cls: type, hydra: Mapping[str, Any] | None = None) -> str:
         ]
         node.hydra = OmegaConf.create(dict(hydra))
     node.defaults = defaults
-    name = config_name(cls)
     ConfigStore.instance().store(name=name, node=node)
+    _ROOTS[name] = key
     return name
 
 
@@ -227,7 +241,7 @@ def prepare_overrides(
     groups = group_fields(cls)
     out: list[str] = []
     for text in overrides:
-        override = OverridesParser.create().parse_override(text)
+        override = OverridesParser.create().parse_overrides([text])[0]
         key = override.key_or_group
         if override.package is not None or override.is_delete():
             out.append(text)
@@ -253,10 +267,11 @@ def prepare_overrides(
         for name in names:
             if config_dir is not None and (Path(config_dir) / key / f"{name}.yaml").is_file():
                 options.append(name)
-            elif _stored(key, _option(name)):
+            elif _stored(key, groups[key], _option(name)):
                 options.append(_option(name))
             else:
-                options.append(_store_option(key, name, _from_name(groups[key], name, key)))
+                tp = groups[key]
+                options.append(_store_option(key, tp, name, _from_name(tp, name, key)))
         if options == names:
             out.append(text)
         else:
@@ -293,8 +308,8 @@ def _file_primary(cls: type, base: str, files: Sequence[str]) -> str:
         if isinstance(data.get(group), str):
             name = data.pop(group)
             option = _option(name)
-            if not _stored(group, option):
-                _store_option(group, name, _from_name(tp, name, group))
+            if not _stored(group, tp, option):
+                _store_option(group, tp, name, _from_name(tp, name, group))
             defaults.append({f"override /{group}": option})
     node = OmegaConf.create(data)
     _open_dicts(cls, node)
@@ -398,8 +413,7 @@ def config_error(error: BaseException, cls: type) -> ConfigError:
     override = getattr(error, "override", None)
     if isinstance(override, str):  # hydra.errors.OverrideParseException
         return ConfigError(
-            f"override {override!r} must look like key=value (e.g. trainer.total_steps=10): "
-            f"{first}"
+            f"override {override!r} must look like key=value (e.g. trainer.total_steps=10): {first}"
         )
     if first.startswith("Ambiguous value for argument"):
         return ConfigError(f"{first}: quote it, write a list [a,b], or sweep it with -m")

@@ -26,7 +26,7 @@ from areal_agents.errors import AgentsError, ConfigError
 if TYPE_CHECKING:
     from areal_agents.trainers.config import TrainConfig
 
-__all__ = ["HELP_FLAGS", "SWEEP_DIR", "finished_run", "main", "preflight"]
+__all__ = ["finished_run", "main", "preflight"]
 
 
 def preflight(cfg: TrainConfig, *, create_dirs: bool = True) -> None:
@@ -74,12 +74,12 @@ def _help() -> None:
     from areal_agents.trainers.config import TrainConfig
 
     print(__doc__)
-    print("\n".join(HELP_FLAGS))
+    print("\n".join(_HELP_FLAGS))
     print("\n".join(describe(TrainConfig())))
 
 
 #: What ``--help`` says about the flags, besides the keys.
-HELP_FLAGS = (
+_HELP_FLAGS = (
     "  config=FILE.yaml  # a YAML mapping of keys, loaded before the key=value overrides",
     "  --check  # validate and print the resolved configuration; start nothing",
     "  -m / --multirun  # sweep: one job per combination (algo=grpo,rloo trainer.seed=0,1)",
@@ -146,12 +146,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             _help()
             return
         if command.hydra_only:
-            cli.launch(command, _job, name="train", sweep_dir=SWEEP_DIR)
+            cli.launch(command, _job, name="train", sweep_dir=_SWEEP_DIR)
             return
         configs = cli.job_configs(command)
         cli.check_sweep_dirs(command, configs)
-        for cfg in configs:
-            preflight(cfg, create_dirs=False)
+        for cfg in configs:  # a single run's directory is made now: Hydra writes .hydra/ there
+            preflight(cfg, create_dirs=not (command.check or command.multirun))
         done = [finished_run(cfg) for cfg in configs]
         run_dir = None if command.multirun else str(choose_run_dir(configs[0])[0])
     except AgentsError as e:
@@ -172,11 +172,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not command.multirun and done[0] is not None:
         _say_complete(configs[0], *done[0])
         return
-    cli.launch(command, _job, name="train", sweep_dir=SWEEP_DIR, run_dir=run_dir)
+    cli.launch(command, _job, name="train", sweep_dir=_SWEEP_DIR, run_dir=run_dir)
 
 
 #: ``hydra.sweep.dir`` of a ``-m`` sweep: each job's run directory is ``<sweep dir>/<job>``.
-SWEEP_DIR = "runs/multirun/${now:%Y-%m-%d_%H-%M-%S}"
+_SWEEP_DIR = "runs/multirun/${now:%Y-%m-%d_%H-%M-%S}"
 
 
 if __name__ == "__main__":
