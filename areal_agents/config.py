@@ -51,8 +51,7 @@ Traceback (most recent call last):
 areal_agents.errors.ConfigError: steps: expected an integer, got 0.001
 """
 
-from __future__ import annotations
-
+import contextlib
 import dataclasses
 import os
 import typing
@@ -352,7 +351,7 @@ def compose(
     config_dir: str | os.PathLike[str] | None = None,
     config_name_: str | None = None,
     job_num: int | None = None,
-) -> DictConfig:
+) -> "DictConfig":
     """Hydra's composition of ``cls`` with ``overrides`` (a ``DictConfig``, not yet checked).
 
     ``config_dir`` and ``config_name_`` are Hydra's ``--config-dir`` and ``--config-name``.
@@ -370,6 +369,7 @@ def compose(
         name = primary(cls, files, config_name_)
         prepared = prepare_overrides(cls, overrides, config_dir)
         GlobalHydra.instance().clear()
+        context: contextlib.AbstractContextManager[Any]
         if config_dir is not None:
             context = initialize_config_dir(str(Path(config_dir).absolute()), version_base=None)
         else:
@@ -399,7 +399,7 @@ def build(cls: type[T], node: Any) -> T:
         raise config_error(e, cls) from None
     assert isinstance(data, dict)
     data.pop("hydra", None)
-    return from_dict(cls, data)
+    return from_dict(cls, {str(k): v for k, v in data.items()})
 
 
 def config_error(error: BaseException, cls: type) -> ConfigError:

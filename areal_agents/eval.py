@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             print("\n".join(_HELP_FLAGS))
             print("\n".join(describe(EvalConfig())))
             return {}
-        if command.hydra_only:
+        if command.hydra_only and not command.check:  # with --check: validate and print instead
             cli.launch(command, _job, name="eval", sweep_dir=_SWEEP_DIR)
             return {}
         configs = cli.job_configs(command)

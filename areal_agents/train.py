@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if command.help:
             _help()
             return
-        if command.hydra_only:
+        if command.hydra_only and not command.check:  # with --check: validate and print instead
             cli.launch(command, _job, name="train", sweep_dir=_SWEEP_DIR)
             return
         configs = cli.job_configs(command)

@@ -108,9 +108,7 @@ def test_config_dir_with_a_user_yaml_that_selects_a_group_and_sets_keys(
     assert not list(cwd.iterdir())
 
 
-def test_multirun_check_validates_every_job(
-    cwd: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_multirun_check_validates_every_job(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["-m", "algo=grpo,rloo", "trainer.max_staleness=0,2", *TINY, "--check"])
     out = capsys.readouterr().out
     assert out.count("configuration OK") == 4
