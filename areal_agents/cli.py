@@ -19,6 +19,10 @@ app. Around that, the project keeps its own contract:
   (``hydra/job_logging=none``): the commands log as they did.
 * A job's failure does not stop a sweep: the other jobs run, and the command exits with the
   worst status.
+
+The jobs run through Hydra's own runner (``hydra._internal.utils._run_hydra``, what
+``@hydra.main`` calls) with an argument list instead of ``sys.argv``, so ``main(argv)`` of
+the command lines works from Python as it does from a shell.
 """
 
 from __future__ import annotations
@@ -187,6 +191,7 @@ def launch(
     exception (an :class:`AgentsError`, ``SystemExit``, a bug) is re-raised after a single
     run; after a sweep, each failure is printed and the command exits with the worst status.
     """
+    from hydra import version
     from hydra._internal.utils import _run_hydra
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -220,6 +225,7 @@ def launch(
         overrides.append(f"hydra.run.dir={_quote(run_dir)}")
     args = argparse.Namespace(**vars(command.hydra_args))
     args.overrides, args.config_name = overrides, None
+    version.setbase(None)  # as @hydra.main(version_base=None): this Hydra's defaults
     GlobalHydra.instance().clear()
     try:
         _run_hydra(args, command.parser, task, config_path=None, config_name=config_name)

@@ -28,11 +28,14 @@ whose defaults list is the root's, so its values apply after the groups and befo
 command line's overrides. Hydra's own ``--config-dir DIR --config-name NAME`` takes a file
 with a defaults list (``defaults: [train, _self_]``, ``- override /env: calculator``).
 
-What the home-made parser did and Hydra does differently: a value with a comma must be
-quoted or written as a list (``key=[a,b]``; unquoted ``key=a,b`` is a sweep, which needs
-``-m``); a group option picked inside a user's YAML defaults list must be a stored option
-(a preset or a name given on the command line), while other names go in as keys
-(``env: {name: acme/MyTask-v0}``).
+What the home-made parser (replaced by Hydra) did and Hydra does differently, Hydra's way
+kept: a value with a comma must be quoted or written as a list (``key=[a,b]``; unquoted
+``key=a,b`` is a sweep, which needs ``-m``), and so must one holding other characters of the
+override grammar (``[]{}()'"\\``, ``=``); ``${...}`` in a value is an interpolation; a group
+option picked inside a user's YAML defaults list must be a stored option (a preset or a name
+given on the command line), while other names go in as keys (``env: {name: acme/MyTask-v0}``);
+a group selection and that group's keys apply in Hydra's order (the selection first, then
+``config=`` files, then keys), whatever their order on the command line.
 
 >>> from dataclasses import dataclass, field
 >>> @dataclass

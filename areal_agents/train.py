@@ -152,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         cli.check_sweep_dirs(command, configs)
         for cfg in configs:  # a single run's directory is made now: Hydra writes .hydra/ there
             preflight(cfg, create_dirs=not (command.check or command.multirun))
-        done = [finished_run(cfg) for cfg in configs]
+        # a sweep job's directory is its own (hydra.sweep.dir/<job>), not the default one
+        done = [None if command.multirun and not c.output_dir else finished_run(c) for c in configs]
         run_dir = None if command.multirun else str(choose_run_dir(configs[0])[0])
     except AgentsError as e:
         print(f"error: {e}", file=sys.stderr)
