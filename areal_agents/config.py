@@ -182,12 +182,14 @@ def register(cls: type, hydra: Mapping[str, Any] | None = None) -> str:
 
     name = config_name(cls)
     key = (cls, repr(hydra))
-    if _ROOTS.get(name) == key and all(
-        _OPTIONS.get(g, (None,))[0] is tp for g, tp in group_fields(cls).items()
-    ):
-        return name
-    default = cls()
     groups = group_fields(cls)
+    mine = {g: owner for g, (owner, _) in _OPTIONS.items()} == groups
+    if _ROOTS.get(name) == key and mine:
+        return name
+    for other in set(_OPTIONS) - set(groups):  # another root's group: here it is a plain key
+        del _OPTIONS[other]
+        ConfigStore.instance().repo.pop(other, None)
+    default = cls()
     defaults: list[Any] = ["_self_"]
     for group, tp in groups.items():
         value = getattr(default, group)

@@ -182,3 +182,11 @@ def test_the_process_exits_2_naming_the_key_with_a_suggestion(tmp_path: Path) ->
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and "did you mean 'max_staleness'" in proc.stderr
     assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_group_of_one_root_is_a_plain_key_of_another_in_the_same_process() -> None:
+    from areal_agents.eval_config import EvalConfig
+
+    assert load_config(TrainConfig, ["env=math_python"]).env.name == "math_python"
+    assert load_config(EvalConfig, ["env=calculator"]).env == "calculator"  # a str, no group
+    assert load_config(TrainConfig, ["env=calculator"]).env.max_turns == 2  # the preset again
