@@ -1,16 +1,41 @@
-"""Typed configuration from dataclasses, with Hydra-style command-line overrides.
+"""Configurations composed by Hydra from the project's dataclasses.
 
 Each component keeps its own config dataclass next to its code; a command line (``train``,
-``eval``) composes them into a root dataclass and calls :func:`load_config`. Overrides are
-``key=value`` pairs with dotted paths (``trainer.max_staleness=4``). A key that names a nested
-config with a plain value selects a *config group*: the nested dataclass's ``from_name``
-classmethod builds the preset (``algo=grpo``, ``env=code_sandbox``). Group selections apply
-before field overrides, whatever their order, as in Hydra. ``config=PATH.yaml`` loads a file
-first. Every value is converted to the field's annotated type, and ``__post_init__``
-validation runs on the result, so a bad key or value fails at start-up with its name.
-:func:`check_numbers` is the validation every section shares: no NaN or infinity anywhere, no
-negative number unless the section declares the key signed, and durations (keys ending in
-``_s``) positive.
+``eval``) names a root dataclass, and Hydra composes it from its defaults, config groups,
+config files and ``key=value`` overrides (the full Hydra override grammar: ``+key=``,
+``~key``, sweeps with ``-m``, ``${...}`` interpolation).
+
+**Schema.** The dataclasses stay the schema, but they are not handed to OmegaConf as
+structured configs: OmegaConf refuses several annotations they use (``Literal``, unions such
+as ``float | str``, ``tuple[...]``). :func:`register` stores in Hydra's ``ConfigStore`` plain
+defaults derived from them (``to_dict(cls())``), in struct mode, so an unknown key is refused
+while Hydra composes; fields typed ``dict`` stay open (``env.kwargs.sandbox=docker``). The
+composed result is then turned into the real dataclasses by
+:func:`~areal_agents.config_values.from_dict`, which converts every value to its annotated
+type and runs ``__post_init__``: all validation stays in the dataclasses.
+
+**Config groups.** A field whose type is a dataclass with a ``from_name`` classmethod is a
+Hydra config group (``env``, ``algo``, ``model``, ``inference`` of the trainer). Its options
+are the names its ``preset_names()`` lists, each stored as ``from_name(name)``; a name given
+on the command line that is not stored yet (``env=acme/MyTask-v0``, ``model=PATH``) is built
+by ``from_name`` and stored before Hydra composes, so ``from_name`` still decides what is
+valid and says what to choose. Hydra cannot store an option whose name holds ``/``; such a
+name is stored with ``%2F`` in its place (``hydra.runtime.choices`` shows that form).
+
+**Config files.** ``config=FILE.yaml`` (a mapping of keys, as written by ``dump_yaml``; a
+group key with a plain value, ``algo: grpo``, selects that option) becomes a primary config
+whose defaults list is the root's, so its values apply after the groups and before the
+command line's overrides. Hydra's own ``--config-dir DIR --config-name NAME`` takes a file
+with a defaults list (``defaults: [train, _self_]``, ``- override /env: calculator``).
+
+What the home-made parser (replaced by Hydra) did and Hydra does differently, Hydra's way
+kept: a value with a comma must be quoted or written as a list (``key=[a,b]``; unquoted
+``key=a,b`` is a sweep, which needs ``-m``), and so must one holding other characters of the
+override grammar (``[]{}()'"\\``, ``=``); ``${...}`` in a value is an interpolation; a group
+option picked inside a user's YAML defaults list must be a stored option (a preset or a name
+given on the command line), while other names go in as keys (``env: {name: acme/MyTask-v0}``);
+a group selection and that group's keys apply in Hydra's order (the selection first, then
+``config=`` files, then keys), whatever their order on the command line.
 
 >>> from dataclasses import dataclass, field
 >>> @dataclass
@@ -23,332 +48,279 @@ negative number unless the section declares the key signed, and durations (keys 
 ...     opt: Opt = field(default_factory=Opt)
 >>> load_config(Root, ["steps=3", "opt.lr=0.5", "opt.betas=[0.8,0.9]"])
 Root(steps=3, opt=Opt(lr=0.5, betas=(0.8, 0.9)))
+>>> load_config(Root, ["steps=${opt.lr}"])  # interpolation, then conversion to int
+Traceback (most recent call last):
+...
+areal_agents.errors.ConfigError: steps: expected an integer, got 0.001
 """
 
-import ast
+import contextlib
 import dataclasses
-import inspect
-import itertools
-import math
 import os
-import tempfile
-import types
 import typing
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 import yaml
 
+from areal_agents.config_values import (
+    _hints,
+    check_numbers,
+    check_timeout,
+    describe,
+    dump_yaml,
+    from_dict,
+    to_dict,
+    writable_dir,
+)
 from areal_agents.errors import ConfigError, did_you_mean
-from areal_agents.files import atomic_write
+
+if typing.TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 __all__ = [
-    "apply_overrides",
+    "build",
     "check_numbers",
     "check_timeout",
+    "compose",
+    "config_error",
+    "config_name",
     "describe",
     "dump_yaml",
     "from_dict",
+    "group_fields",
     "load_config",
+    "prepare_overrides",
+    "primary",
+    "register",
+    "split_files",
     "to_dict",
     "writable_dir",
 ]
 
 T = TypeVar("T")
-_NONE_WORDS = {"none", "null", "~"}
 
 
-def to_dict(cfg: Any) -> Any:
-    """A dataclass tree as plain dicts, lists and scalars (what ``config.yaml`` holds)."""
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
-    if isinstance(cfg, tuple | list):
-        return [to_dict(v) for v in cfg]
-    if isinstance(cfg, Mapping):
-        return {str(k): to_dict(v) for k, v in cfg.items()}
-    if isinstance(cfg, Path):
-        return str(cfg)
-    return cfg
+def config_name(cls: type) -> str:
+    """The name of ``cls``'s primary config in the ``ConfigStore``: ``TrainConfig`` -> ``train``."""
+    return cls.__name__.removesuffix("Config").lower() or cls.__name__.lower()
 
 
-def dump_yaml(cfg: Any, path: str | os.PathLike[str]) -> None:
-    """Write ``cfg`` as YAML, atomically (:func:`~areal_agents.files.atomic_write`)."""
-    atomic_write(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+def group_fields(cls: type) -> dict[str, type]:
+    """The fields of ``cls`` that are config groups (a dataclass with ``from_name``)."""
+    hints = _hints(cls)
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(cls)
+        if _is_dataclass_type(hints[f.name]) and hasattr(hints[f.name], "from_name")
+    }
 
 
-def check_numbers(
-    cfg: Any, section: str = "", *, signed: Collection[str] = (), zero_ok: Collection[str] = ()
-) -> None:
-    """Reject meaningless numbers in the fields of the dataclass ``cfg``, naming the key.
+def _is_dataclass_type(tp: Any) -> bool:
+    return dataclasses.is_dataclass(tp) and isinstance(tp, type)
 
-    Every ``int``/``float`` field (and every number in a tuple or list field) must be finite;
-    it must not be negative unless its name is in ``signed``; and a duration — a field whose
-    name ends in ``_s`` — must be positive (0 allowed for names in ``zero_ok``, e.g. a retry
-    delay). ``None`` (an unset optional) and booleans pass;
-    nested dataclasses and mappings are left to their own checks. ``section`` prefixes the
-    key in messages (``trainer`` gives ``trainer.lr=nan``).
+
+def _option(name: str) -> str:
+    return name.replace("/", "%2F")
+
+
+def _node(value: Any) -> Any:
+    """``value`` (a dataclass) as an OmegaConf node whose ``dict`` fields accept new keys."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create(to_dict(value))
+    _open_dicts(type(value), node)
+    return node
+
+
+def _open_dicts(cls: type, node: Any) -> None:
+    from omegaconf import OmegaConf
+
+    for name, tp in _hints(cls).items():
+        if name not in node:
+            continue
+        origin = typing.get_origin(tp) or tp
+        if origin in (dict, Mapping) and node[name] is not None:
+            OmegaConf.set_struct(node[name], False)
+        elif _is_dataclass_type(tp) and node[name] is not None:
+            _open_dicts(tp, node[name])
+
+
+#: group -> (its dataclass, the options stored for it); name -> (root, hydra node) registered.
+_OPTIONS: dict[str, tuple[type, set[str]]] = {}
+_ROOTS: dict[str, tuple[type, str]] = {}
+
+
+def _store_option(group: str, tp: type, name: str, value: Any) -> str:
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    owner, options = _OPTIONS.get(group, (tp, set()))
+    if owner is not tp:  # another root's group of the same name: start the group afresh
+        store.repo.pop(group, None)
+        options = set()
+    option = _option(name)
+    store.store(group=group, name=option, node=_node(value), package=group)
+    _OPTIONS[group] = (tp, options | {option})
+    return option
+
+
+def _stored(group: str, tp: type, option: str) -> bool:
+    owner, options = _OPTIONS.get(group, (None, set()))
+    return owner is tp and option in options
+
+
+def register(cls: type, hydra: Mapping[str, Any] | None = None) -> str:
+    """Store ``cls``'s defaults and its config groups' options in Hydra's ``ConfigStore``.
+
+    Returns the primary config's name (:func:`config_name`). ``hydra`` is merged into the
+    ``hydra`` node of that config (run and sweep directories, for the command lines).
     """
-    prefix = f"{section}." if section else ""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        items = list(value) if isinstance(value, tuple | list) else [value]
-        for item in items:
-            if not isinstance(item, int | float) or isinstance(item, bool):
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    name = config_name(cls)
+    key = (cls, repr(hydra))
+    groups = group_fields(cls)
+    mine = {g: owner for g, (owner, _) in _OPTIONS.items()} == groups
+    if _ROOTS.get(name) == key and mine:
+        return name
+    for other in set(_OPTIONS) - set(groups):  # another root's group: here it is a plain key
+        del _OPTIONS[other]
+        ConfigStore.instance().repo.pop(other, None)
+    default = cls()
+    defaults: list[Any] = ["_self_"]
+    for group, tp in groups.items():
+        value = getattr(default, group)
+        names = list(getattr(tp, "preset_names", tuple)())
+        choice = next((n for n in names if tp.from_name(n) == value), None)  # type: ignore[attr-defined]
+        _OPTIONS.pop(group, None)
+        ConfigStore.instance().repo.pop(group, None)
+        for option in names:
+            _store_option(group, tp, option, tp.from_name(option))  # type: ignore[attr-defined]
+        if choice is None:
+            choice = str(getattr(value, "name", "default"))
+            _store_option(group, tp, choice, value)
+        defaults.append({group: _option(choice)})
+    node = _node(default)
+    for group in groups:
+        del node[group]
+    if hydra is not None:
+        defaults += [
+            {"override hydra/job_logging": "none"},
+            {"override hydra/hydra_logging": "none"},
+        ]
+        node.hydra = OmegaConf.create(dict(hydra))
+    node.defaults = defaults
+    ConfigStore.instance().store(name=name, node=node)
+    _ROOTS[name] = key
+    return name
+
+
+def _key_type(cls: type, key: str) -> Any:
+    """The annotated type at the dotted ``key`` of ``cls``, or None when there is none."""
+    tp: Any = cls
+    for part in key.split("."):
+        if not _is_dataclass_type(tp):
+            return None
+        tp = _hints(tp).get(part)
+        if tp is None:
+            return None
+    return tp
+
+
+def prepare_overrides(
+    cls: type, overrides: Sequence[str], config_dir: str | os.PathLike[str] | None = None
+) -> list[str]:
+    """Check ``overrides`` against ``cls`` and store every group option they name.
+
+    ``env=acme/MyTask-v0`` is built by ``EnvConfig.from_name`` and stored (and rewritten to
+    the stored name when that differs); a bad option raises ``from_name``'s
+    :class:`ConfigError`. An option with a file in ``config_dir/<group>/`` is left to Hydra.
+    A plain value for a section that is not a group (``trainer=fast``) is refused.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups = group_fields(cls)
+    out: list[str] = []
+    for text in overrides:
+        override = OverridesParser.create().parse_overrides([text])[0]
+        key = override.key_or_group
+        if override.package is not None or override.is_delete():
+            out.append(text)
+            continue
+        if key not in groups:
+            tp = _key_type(cls, key)
+            value = None if override.is_sweep_override() else override.value()
+            if _is_dataclass_type(tp) and not isinstance(value, Mapping | type(None)):
+                fields = [f.name for f in dataclasses.fields(tp)]
+                raise ConfigError(
+                    f"{key}={value!r}: {key} is a section; set one of its keys: {fields}"
+                )
+            out.append(text)
+            continue
+        if override.is_sweep_override():
+            if not override.is_discrete_sweep():
+                out.append(text)
                 continue
-            key = f"{prefix}{f.name}={_show(value)}"
-            if not math.isfinite(item):
-                raise ConfigError(f"{key}: must be a finite number")
-            if f.name.endswith("_s") and (item < 0 or (item == 0 and f.name not in zero_ok)):
-                raise ConfigError(f"{key}: a duration must be positive seconds")
-            if item < 0 and f.name not in signed:
-                raise ConfigError(f"{key}: must not be negative")
-
-
-def _show(value: Any) -> str:
-    return str(list(value)) if isinstance(value, tuple) else str(value)
-
-
-def writable_dir(path: str | os.PathLike[str], key: str, *, create: bool = True) -> Path:
-    """Create the directory ``path`` (with parents) and check that files can be written there.
-
-    Raises :class:`ConfigError` naming ``key`` instead of an ``OSError`` from deep inside a
-    run (``output_dir=/proc/nope``, a read-only mount, a path through a file). With
-    ``create=False`` nothing is created: a missing ``path`` passes when its nearest existing
-    ancestor is a directory this process may write into (what ``--check`` uses).
-    """
-    out = Path(os.path.expanduser(os.fspath(path)))
-    if not create and not out.exists():
-        parent = out.absolute()
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError(
-                f"{key}={os.fspath(path)}: cannot write there ({parent} is not a writable "
-                "directory); choose a writable directory"
-            )
-        return out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
-            pass
-    except OSError as e:
-        reason = e.strerror or type(e).__name__
-        raise ConfigError(
-            f"{key}={os.fspath(path)}: cannot write there ({reason}); choose a writable directory"
-        ) from None
+            names = [str(v) for v in override.sweep_string_iterator()]
+        else:
+            names = [str(override.value())]
+        options = []
+        for name in names:
+            if config_dir is not None and (Path(config_dir) / key / f"{name}.yaml").is_file():
+                options.append(name)
+            elif _stored(key, groups[key], _option(name)):
+                options.append(_option(name))
+            else:
+                tp = groups[key]
+                options.append(_store_option(key, tp, name, _from_name(tp, name, key)))
+        if options == names:
+            out.append(text)
+        else:
+            prefix = text[: len(text) - len(text.lstrip("+"))]
+            out.append(f"{prefix}{key}={','.join(options)}")
     return out
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Convert ``value`` (a CLI string or a YAML scalar) to the annotated type ``tp``."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        is_none = value is None or (isinstance(value, str) and value.lower() in _NONE_WORDS)
-        if is_none and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: cannot use {value!r}")
-    if origin is typing.Literal:
-        for choice in args:
-            if value == choice or str(value) == str(choice):
-                return choice
-        raise ConfigError(
-            f"{key}={value!r} is not allowed; choose one of {list(args)}"
-            + did_you_mean(str(value), [str(a) for a in args])
-        )
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if isinstance(value, str):
-            return _select_group(tp, value, key)
-        if isinstance(value, Mapping):
-            return from_dict(tp, value, prefix=key)
-        if isinstance(value, tp):
-            return value
-        raise ConfigError(f"{key}: expected a mapping for {tp.__name__}, got {value!r}")
-    if isinstance(value, str) and tp is not str:
-        try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{key}: cannot parse {value!r}: {e}") from None
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    if origin in (tuple, list):
-        if value is None:
-            value = []
-        if isinstance(value, str | int | float):
-            value = [value]
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        item_tp = args[0] if args else Any
-        items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict or tp is dict or origin is Mapping:
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is Path:
-        return Path(str(value))
-    return value
-
-
-def _select_group(tp: type, name: str, key: str) -> Any:
-    factory = getattr(tp, "from_name", None)
-    if factory is None:
-        fields = [f.name for f in dataclasses.fields(tp)]
-        raise ConfigError(f"{key}={name!r}: {key} is a section; set one of its keys: {fields}")
-    return factory(name)
-
-
-def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:
-    """Build ``cls`` from a (possibly partial) nested mapping, converting every value."""
-    hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if key not in hints or key not in names:
-            raise ConfigError(f"unknown config key {path!r}" + did_you_mean(str(key), names))
-        kwargs[key] = _coerce(value, hints[key], path)
-    return _construct(cls, kwargs, prefix)
-
-
-def _construct(cls: type[T], kwargs: dict[str, Any], prefix: str) -> T:
-    """``cls(**kwargs)``, with its own validation errors turned into named ConfigErrors."""
+def _from_name(tp: Any, name: str, key: str) -> Any:
     try:
-        return cls(**kwargs)
+        return tp.from_name(name)
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+        raise ConfigError(f"{key}={name!r}: {e}") from None
 
 
-def _split(override: str) -> tuple[str, str]:
-    key, sep, value = override.partition("=")
-    key = key.strip().lstrip("+")
-    if not sep or not key:
-        raise ConfigError(f"override {override!r} must look like key=value (e.g. trainer.steps=10)")
-    return key, value
+def _file_primary(cls: type, base: str, files: Sequence[str]) -> str:
+    """``config=FILE.yaml`` files as a primary config that extends ``base``; its name."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
-
-def apply_overrides(cfg: T, overrides: Sequence[str]) -> T:
-    """A copy of ``cfg`` with ``key=value`` overrides applied and validated."""
-    pairs = [_split(o) for o in overrides]
-    tree = _shallow(cfg)
-    # Group selections first (a key naming a nested config), then leaf keys, like Hydra.
-    ordered = sorted(pairs, key=lambda kv: not _is_group_key(type(cfg), kv[0]))
-    for key, value in ordered:
-        _set_path(type(cfg), tree, key.split("."), value, key)
-    return _build(type(cfg), tree, "")
-
-
-def _is_group_key(cls: type, key: str) -> bool:
-    tp: Any = cls
-    for part in key.split("."):
-        if not (dataclasses.is_dataclass(tp) and isinstance(tp, type)):
-            return False
-        hints = _hints(tp)
-        if part not in hints:
-            return False
-        tp = hints[part]
-    return dataclasses.is_dataclass(tp)
-
-
-def _shallow(cfg: Any) -> dict[str, Any]:
-    """A dataclass as a dict whose nested dataclasses are dicts too (values left as they are)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        is_cfg = dataclasses.is_dataclass(value) and not isinstance(value, type)
-        out[f.name] = _shallow(value) if is_cfg else value
-    return out
-
-
-def _set_path(cls: type, tree: dict[str, Any], parts: list[str], value: str, full: str) -> None:
-    hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    head = parts[0]
-    if head not in names:
-        where = full[: len(full) - len(".".join(parts))].rstrip(".")
-        scope = f" in {where!r}" if where else ""
-        raise ConfigError(f"unknown config key {full!r}{scope}" + did_you_mean(head, names))
-    tp = hints[head]
-    nested = dataclasses.is_dataclass(tp) and isinstance(tp, type)
-    if len(parts) == 1:
-        if nested:
-            tree[head] = _shallow(_select_group(tp, value, full))
-        else:
-            tree[head] = _coerce(value, tp, full)
-        return
-    if not nested:
-        raise ConfigError(f"{full!r}: {head!r} is a value, not a section")
-    _set_path(tp, tree[head], parts[1:], value, full)
-
-
-def _build(cls: type[T], tree: Mapping[str, Any], prefix: str) -> T:
-    hints = _hints(cls)
-    kwargs: dict[str, Any] = {}
-    for name, value in tree.items():
-        tp = hints[name]
-        path = f"{prefix}.{name}" if prefix else name
-        if dataclasses.is_dataclass(tp) and isinstance(tp, type) and isinstance(value, dict):
-            kwargs[name] = _build(tp, value, path)
-        else:
-            kwargs[name] = value
-    return _construct(cls, kwargs, prefix)
-
-
-def load_config(cls: type[T], argv: Sequence[str] = ()) -> T:
-    """Build ``cls`` from its defaults, an optional ``config=FILE.yaml``, then overrides."""
-    argv = list(argv)
-    files = [a.split("=", 1)[1] for a in argv if a.startswith("config=")]
-    rest = [a for a in argv if not a.startswith("config=")]
-    cfg: T = cls()
+    data: dict[str, Any] = {}
     for file in files:
         path = Path(file)
         if not path.is_file():
             raise ConfigError(f"config={file}: no such file")
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, Mapping):
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, Mapping):
             raise ConfigError(f"config={file}: the file must hold a mapping of keys")
-        cfg = from_dict(cls, _merge(to_dict(cfg), data))
-    return apply_overrides(cfg, rest)
+        data = _merge(data, loaded)
+    defaults: list[Any] = [base]
+    for group, tp in group_fields(cls).items():
+        if isinstance(data.get(group), str):
+            name = data.pop(group)
+            option = _option(name)
+            if not _stored(group, tp, option):
+                _store_option(group, tp, name, _from_name(tp, name, group))
+            defaults.append({f"override /{group}": option})
+    node = OmegaConf.create(data)
+    _open_dicts(cls, node)
+    node.defaults = [*defaults, "_self_"]
+    name = f"{base}_file"
+    ConfigStore.instance().store(name=name, node=node)
+    return name
 
 
 def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -361,55 +333,124 @@ def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def check_timeout(key: str, value: Any) -> float:
-    """``value`` as a positive, finite number of seconds, or a ConfigError naming ``key``.
+def primary(
+    cls: type,
+    files: Sequence[str] = (),
+    config_name_: str | None = None,
+    hydra: Mapping[str, Any] | None = None,
+) -> str:
+    """Register ``cls`` (and the ``config=`` ``files``) and name the primary config to use."""
+    name = register(cls, hydra)
+    if files and config_name_:
+        raise ConfigError("config=FILE.yaml and --config-name: choose one")
+    if files:
+        return _file_primary(cls, name, files)
+    return config_name_ or name
 
-    >>> check_timeout("timeout_s", 2)
-    2.0
-    >>> check_timeout("timeout_s", "10")
-    Traceback (most recent call last):
-    ...
-    areal_agents.errors.ConfigError: timeout_s='10': must be a positive number of seconds (got str)
+
+def compose(
+    cls: type,
+    overrides: Sequence[str] = (),
+    *,
+    files: Sequence[str] = (),
+    config_dir: str | os.PathLike[str] | None = None,
+    config_name_: str | None = None,
+    job_num: int | None = None,
+) -> "DictConfig":
+    """Hydra's composition of ``cls`` with ``overrides`` (a ``DictConfig``, not yet checked).
+
+    ``config_dir`` and ``config_name_`` are Hydra's ``--config-dir`` and ``--config-name``.
+    The ``hydra`` node is taken out and made current (``HydraConfig``), with ``job_num`` as
+    ``hydra.job.num``, so ``${hydra:...}`` interpolations resolve as they will in the job.
+    Every Hydra or OmegaConf error is raised as a :class:`ConfigError` naming the key.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(
-            f"{key}={value!r}: must be a positive number of seconds (got {type(value).__name__})"
-        )
-    if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"{key}={value!r}: must be a positive number of seconds")
-    return float(value)
+    from hydra import compose as hydra_compose
+    from hydra import initialize, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
 
-
-def describe(default: Any, prefix: str = "") -> list[str]:
-    """What ``--help`` lists: one line per key of the config ``default``, ``key=default  # doc``.
-
-    Docs are the string literal under each field in the class's source (CleanRL's ``Args``
-    style); a nested config is a header line followed by its own keys.
-
-    >>> from areal_agents.eval_config import EvalPolicyConfig
-    >>> print(describe(EvalPolicyConfig())[2])
-      api_key=''  # Empty reads ``AREAL_API_KEY`` / ``OPENAI_API_KEY`` from the environment.
-    """
-    cls = type(default)
-    docs: dict[str, str] = {}
     try:
-        tree = ast.parse(inspect.getsource(cls).strip())
-        body = tree.body[0].body  # type: ignore[attr-defined]
-        for node, after in itertools.pairwise(body):
-            named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-            if named and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-                docs[node.target.id] = " ".join(str(after.value.value).split())
-    except (OSError, TypeError, IndexError, SyntaxError):
-        pass
-    hints = typing.get_type_hints(cls)
-    lines: list[str] = []
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        key = f"{prefix}{f.name}"
-        doc = docs.get(f.name, "")
-        if dataclasses.is_dataclass(tp):
-            lines.append(f"{key}=...  # {doc}".rstrip(" #"))
-            lines.extend(describe(getattr(default, f.name), key + "."))
+        name = primary(cls, files, config_name_)
+        prepared = prepare_overrides(cls, overrides, config_dir)
+        GlobalHydra.instance().clear()
+        context: contextlib.AbstractContextManager[Any]
+        if config_dir is not None:
+            context = initialize_config_dir(str(Path(config_dir).absolute()), version_base=None)
         else:
-            lines.append(f"  {key}={getattr(default, f.name)!r}  # {doc}".rstrip(" #"))
-    return lines
+            context = initialize(config_path=None, version_base=None)
+        with context:
+            node = hydra_compose(name, overrides=prepared, return_hydra_config=True)
+        with open_dict(node):
+            if job_num is not None:
+                node.hydra.job.num = job_num
+            HydraConfig.instance().set_config(node)
+            del node["hydra"]
+        return node
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise config_error(e, cls) from None
+
+
+def build(cls: type[T], node: Any) -> T:
+    """The dataclass ``cls`` from a composed ``node``: interpolations resolved, every value
+    converted to its field's type, ``__post_init__`` run."""
+    from omegaconf import OmegaConf
+
+    try:
+        data = OmegaConf.to_container(node, resolve=True)
+    except Exception as e:
+        raise config_error(e, cls) from None
+    assert isinstance(data, dict)
+    data.pop("hydra", None)
+    return from_dict(cls, {str(k): v for k, v in data.items()})
+
+
+def config_error(error: BaseException, cls: type) -> ConfigError:
+    """A Hydra or OmegaConf ``error`` as a :class:`ConfigError` that names the key."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    full_key = getattr(error, "full_key", None)
+    if first.startswith("Could not override '"):
+        key = first.split("'")[1]
+        return ConfigError(_unknown_key(cls, key) or first)
+    override = getattr(error, "override", None)
+    if isinstance(override, str):  # hydra.errors.OverrideParseException
+        return ConfigError(
+            f"override {override!r} must look like key=value (e.g. trainer.total_steps=10): {first}"
+        )
+    if first.startswith("Ambiguous value for argument"):
+        return ConfigError(f"{first}: quote it, write a list [a,b], or sweep it with -m")
+    if first.startswith("In '") and "Could not find" in text:
+        return ConfigError(" ".join(line.strip() for line in text.splitlines()[:4] if line))
+    if full_key:
+        return ConfigError(f"{full_key}: {first}")
+    return ConfigError(first)
+
+
+def _unknown_key(cls: type, key: str) -> str | None:
+    tp: Any = cls
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        names = [f.name for f in dataclasses.fields(tp)] if _is_dataclass_type(tp) else []
+        if part not in names:
+            if not names:
+                return None
+            scope = f" in {'.'.join(parts[:i])!r}" if i else ""
+            return f"unknown config key {key!r}{scope}" + did_you_mean(part, names)
+        tp = _hints(tp)[part]
+    return None
+
+
+def split_files(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(config=FILE paths, the other arguments)`` of ``argv``."""
+    files = [a.split("=", 1)[1] for a in argv if a.startswith("config=")]
+    return files, [a for a in argv if not a.startswith("config=")]
+
+
+def load_config(cls: type[T], argv: Sequence[str] = ()) -> T:
+    """Compose ``cls`` with Hydra from its defaults, ``config=FILE.yaml`` files and
+    ``key=value`` overrides, then build and validate it (:func:`build`)."""
+    files, overrides = split_files(list(argv))
+    return build(cls, compose(cls, overrides, files=files))

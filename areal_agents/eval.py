@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from areal_agents.config import describe, dump_yaml, load_config, to_dict, writable_dir
+from areal_agents.config import describe, dump_yaml, to_dict, writable_dir
 from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
 from areal_agents.eval_config import EvalConfig, EvalPolicyConfig
 from areal_agents.eval_summary import exit_status, failure_line, pass_at_k, summarize
@@ -247,37 +247,71 @@ async def run_eval(cfg: EvalConfig, policy: Policy, *, env_id: str | None = None
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """The command line: ``key=value`` overrides of :class:`EvalConfig` (and ``--resume``).
+    """The command line: ``key=value`` overrides of :class:`EvalConfig` (and ``--resume``),
+    composed by Hydra (:mod:`areal_agents.cli`: ``-m`` sweeps, ``--cfg job``, ``--config-dir``).
 
-    Returns the summary. Raises ``SystemExit(1)`` after writing it when no episode finished
-    or some episode failed (see :func:`exit_status`); a configuration error exits with 2 and
-    another :class:`AgentsError` with 1 (from the command line), or is raised (when ``argv``
-    is given). ``--check`` validates and prints the configuration, starts nothing, returns {}.
+    Returns the summary (after a sweep, the last job's). Raises ``SystemExit(1)`` after writing
+    it when no episode finished or some episode failed (see :func:`exit_status`); a
+    configuration error exits with 2 and another :class:`AgentsError` with 1 (from the command
+    line), or is raised (when ``argv`` is given). ``--check`` validates and prints the
+    configuration, starts nothing, returns {}.
     """
+    from areal_agents import cli
+
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
-        print(__doc__)
-        print("  config=FILE.yaml  # a YAML mapping of keys, loaded before the key=value overrides")
-        print("  --resume  # same as resume=true")
-        print("  --check  # validate and print the resolved configuration; start nothing")
-        print("\n".join(describe(EvalConfig())))
-        return {}
-    check_only = "--check" in args
-    args = ["resume=true" if a == "--resume" else a for a in args if a != "--check"]
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(EvalConfig, args)
-        if check_only:
-            preflight(cfg, create_dirs=False)
-            print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-            print(f"configuration OK (nothing started); results would go to {cfg.output_dir}")
+        command = cli.parse(EvalConfig, args, flags={"--resume": "resume=true"})
+        if command.help:
+            print(__doc__)
+            print("  config=FILE.yaml  # a YAML mapping of keys, loaded before the overrides")
+            print("  --resume  # same as resume=true")
+            print("\n".join(_HELP_FLAGS))
+            print("\n".join(describe(EvalConfig())))
             return {}
-        summary = _run(cfg)
+        if command.hydra_only and not command.check:  # with --check: validate and print instead
+            cli.launch(command, _job, name="eval", sweep_dir=_SWEEP_DIR)
+            return {}
+        configs = cli.job_configs(command)
+        cli.check_sweep_dirs(command, configs)
+        for cfg in configs:  # a single run's directory is made now: Hydra writes .hydra/ there
+            preflight(cfg, create_dirs=not (command.check or command.multirun))
+        if command.check:
+            for num, cfg in enumerate(configs):
+                where = cfg.output_dir
+                if command.multirun:
+                    print(f"# job {num}: {' '.join(cli.job_overrides(command)[num])}")
+                    if cli.default_output(command, cfg):
+                        where = f"hydra.sweep.dir/{num}"
+                print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+                print(f"configuration OK (nothing started); results would go to {where}")
+            return {}
+        run_dir = None if command.multirun else configs[0].output_dir
+        results = cli.launch(command, _job, name="eval", sweep_dir=_SWEEP_DIR, run_dir=run_dir)
     except AgentsError as e:
         if argv is not None:
             raise
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2 if isinstance(e, ConfigError) else 1) from None
+    return results[-1] if results else {}
+
+
+#: ``hydra.sweep.dir`` of a ``-m`` sweep: each job writes to ``<sweep dir>/<job number>``.
+_SWEEP_DIR = "outputs/multirun/${now:%Y-%m-%d_%H-%M-%S}"
+
+#: What ``--help`` says about the flags, besides the keys.
+_HELP_FLAGS = (
+    "  --check  # validate and print the resolved configuration; start nothing",
+    "  -m / --multirun  # sweep: one evaluation per combination (seed=0,100 env=a,b)",
+    "  --cfg job  # print the configuration Hydra composed; start nothing",
+    "  --config-dir DIR --config-name NAME  # your own YAML (defaults: [eval, _self_])",
+    "  --hydra-help  # Hydra's own flags (hydra.sweep.dir=..., --info, ...)",
+)
+
+
+def _job(cfg: EvalConfig) -> dict[str, Any]:
+    """One evaluation (inside Hydra's launcher)."""
+    summary = _run(cfg)
     status = exit_status(summary)
     if status:
         print(f"error: {failure_line(summary)}", file=sys.stderr)

@@ -1,8 +1,12 @@
 """``python -m areal_agents.train [key=value ...]``: train a policy on an environment.
 
-Every key of :class:`~areal_agents.trainers.config.TrainConfig` can be set on the command line
-(``trainer.total_steps=20``); ``env=``, ``algo=``, ``model=`` and ``inference=`` select presets;
-``config=FILE.yaml`` loads a file of keys first (later ``key=value`` overrides win).
+A Hydra application (:mod:`areal_agents.cli`): every key of
+:class:`~areal_agents.trainers.config.TrainConfig` can be set on the command line
+(``trainer.total_steps=20``); ``env=``, ``algo=``, ``model=`` and ``inference=`` select config
+groups; ``config=FILE.yaml`` loads a file of keys first (later ``key=value`` overrides win);
+``-m`` sweeps (``-m algo=grpo,rloo trainer.max_staleness=0,2``: one run per combination, each
+in ``hydra.sweep.dir/<job number>`` unless ``output_dir`` says otherwise), ``--cfg job``,
+``--config-dir``/``--config-name`` and ``${...}`` interpolation work as in any Hydra app.
 ``--help`` lists every key with its default and meaning; ``--check`` validates the command
 (keys, values, the environment built once, the run directory) and prints the resolved
 configuration without starting anything. Re-running the same command after an interruption
@@ -70,49 +74,32 @@ def _help() -> None:
     from areal_agents.trainers.config import TrainConfig
 
     print(__doc__)
-    print("  config=FILE.yaml  # a YAML mapping of keys, loaded before the key=value overrides")
-    print("  --check  # validate and print the resolved configuration; start nothing")
+    print("\n".join(_HELP_FLAGS))
     print("\n".join(describe(TrainConfig())))
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Parse overrides, build the config (failing fast on bad keys) and train.
+#: What ``--help`` says about the flags, besides the keys.
+_HELP_FLAGS = (
+    "  config=FILE.yaml  # a YAML mapping of keys, loaded before the key=value overrides",
+    "  --check  # validate and print the resolved configuration; start nothing",
+    "  -m / --multirun  # sweep: one job per combination (algo=grpo,rloo trainer.seed=0,1)",
+    "  --cfg job  # print the configuration Hydra composed; start nothing",
+    "  --config-dir DIR --config-name NAME  # your own YAML (defaults: [train, _self_])",
+    "  --hydra-help  # Hydra's own flags (hydra.sweep.dir=..., --info, ...)",
+)
 
-    Exit status: 0 when the run finished (or had finished before), 2 for a configuration
-    error, 1 for another :class:`~areal_agents.errors.AgentsError` (the message says which).
-    """
-    args = list(sys.argv[1:] if argv is None else argv)
-    from areal_agents.config import load_config, to_dict
-    from areal_agents.trainers.config import TrainConfig
 
-    if any(a in ("-h", "--help") for a in args):
-        _help()
-        return
-    check_only = "--check" in args
-    args = [a for a in args if a != "--check"]
+def _job(cfg: TrainConfig) -> dict[str, object]:
+    """One training job (inside Hydra's launcher): refuse what would fail, then train."""
     try:
-        cfg = load_config(TrainConfig, args)
-        preflight(cfg, create_dirs=not check_only)
+        preflight(cfg)
         done = finished_run(cfg)
     except AgentsError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    if check_only:
-        import yaml
-
-        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-        where = f"{done[0]} (already complete)" if done else str(cfg.run_dir())
-        print(f"configuration OK (nothing started); the run would go to {where}")
-        return
     if done is not None:
-        run_dir, step = done
-        print(
-            f"run in {run_dir} is already complete (step {step}, trainer.total_steps="
-            f"{cfg.trainer.total_steps}): nothing to do. Results: {run_dir}/report.html, "
-            "summary.json, metrics.jsonl, checkpoints/ (raise trainer.total_steps to continue it, "
-            "or give a new output_dir= for a new run)"
-        )
-        return
+        _say_complete(cfg, *done)
+        return {"run_dir": str(done[0])}
     from areal_agents.trainers.loop import train
 
     try:
@@ -128,6 +115,69 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"results in {run_dir}: report.html (open it in a browser), summary.json, "
         "metrics.jsonl, transcripts.jsonl, checkpoints/"
     )
+    return summary
+
+
+def _say_complete(cfg: TrainConfig, run_dir: Path, step: int) -> None:
+    print(
+        f"run in {run_dir} is already complete (step {step}, trainer.total_steps="
+        f"{cfg.trainer.total_steps}): nothing to do. Results: {run_dir}/report.html, "
+        "summary.json, metrics.jsonl, checkpoints/ (raise trainer.total_steps to continue it, "
+        "or give a new output_dir= for a new run)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Compose the configuration with Hydra (failing fast on bad keys) and train.
+
+    Exit status: 0 when the run finished (or had finished before), 2 for a configuration
+    error, 1 for another :class:`~areal_agents.errors.AgentsError` (the message says which);
+    after a ``-m`` sweep, the worst of its jobs'.
+    """
+    from areal_agents import cli
+    from areal_agents.config import to_dict
+    from areal_agents.trainers.config import TrainConfig
+    from areal_agents.trainers.runtime import choose_run_dir
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        command = cli.parse(TrainConfig, args)
+        if command.help:
+            _help()
+            return
+        if command.hydra_only and not command.check:  # with --check: validate and print instead
+            cli.launch(command, _job, name="train", sweep_dir=_SWEEP_DIR)
+            return
+        configs = cli.job_configs(command)
+        cli.check_sweep_dirs(command, configs)
+        for cfg in configs:  # a single run's directory is made now: Hydra writes .hydra/ there
+            preflight(cfg, create_dirs=not (command.check or command.multirun))
+        # a sweep job's directory is its own (hydra.sweep.dir/<job>), not the default one
+        done = [None if command.multirun and not c.output_dir else finished_run(c) for c in configs]
+        run_dir = None if command.multirun else str(choose_run_dir(configs[0])[0])
+    except AgentsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if command.check:
+        import yaml
+
+        for num, (cfg, finished) in enumerate(zip(configs, done, strict=True)):
+            if command.multirun:
+                print(f"# job {num}: {' '.join(cli.job_overrides(command)[num])}")
+            print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+            where = f"{finished[0]} (already complete)" if finished else str(cfg.run_dir())
+            if command.multirun and not cfg.output_dir:
+                where = f"hydra.sweep.dir/{num}"
+            print(f"configuration OK (nothing started); the run would go to {where}")
+        return
+    if not command.multirun and done[0] is not None:
+        _say_complete(configs[0], *done[0])
+        return
+    cli.launch(command, _job, name="train", sweep_dir=_SWEEP_DIR, run_dir=run_dir)
+
+
+#: ``hydra.sweep.dir`` of a ``-m`` sweep: each job's run directory is ``<sweep dir>/<job>``.
+_SWEEP_DIR = "runs/multirun/${now:%Y-%m-%d_%H-%M-%S}"
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ PACKAGE = ROOT / "areal_agents"
 #: and lower layers; never a higher one. ``areal_agents`` itself is its ``__init__``.
 LAYERS: list[list[str]] = [
     ["errors", "types", "net"],  # contracts
-    ["files", "config"],
+    ["files", "config_values", "config", "cli"],
     ["sandboxes"],
     ["tools", "rewards"],
     ["envs"],

@@ -1,4 +1,4 @@
-"""Typed configs with Hydra-style overrides: conversion, groups, validation, helpful errors."""
+"""Typed configs composed by Hydra: conversion, groups, validation, helpful errors."""
 
 from __future__ import annotations
 

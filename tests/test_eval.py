@@ -314,3 +314,22 @@ def test_check_validates_and_starts_nothing(tmp_path: Path, capsys: pytest.Captu
     assert main(["--check", "policy.model=x", f"output_dir={out}"]) == {}
     assert "configuration OK" in capsys.readouterr().out
     assert not out.exists()  # nothing created
+
+
+def test_a_sweep_plays_each_job_in_its_own_directory(
+    fake: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    cwd, sweep = tmp_path / "cwd", tmp_path / "sweep"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    args = [f"policy.base_url={fake.base_url}", "policy.model=scripted", "progress=false"]
+    last = main(["-m", "seed=0,100", "num_episodes=2", *args, f"hydra.sweep.dir={sweep}"])
+    for num, seed in ((0, 0), (1, 100)):
+        saved = yaml.safe_load((sweep / str(num) / "config.yaml").read_text())
+        assert (saved["seed"], saved["output_dir"]) == (seed, str(sweep / str(num)))
+        assert (sweep / str(num) / "summary.json").is_file()
+        assert (sweep / str(num) / ".hydra" / "overrides.yaml").is_file()
+    assert last == json.loads((sweep / "1" / "summary.json").read_text())
+    assert not list(cwd.iterdir())  # neither outputs/eval nor Hydra's outputs/ in the cwd

@@ -159,9 +159,9 @@ def child_env() -> dict[str, str]:
 
 
 def cwd_for(text: str, outside: Path) -> Path:
-    """The repository root for what names its ``examples`` package (as the docs say), else
-    a directory outside the repository."""
-    return ROOT if re.search(r"\bexamples\.", text) else outside
+    """The repository root for what names its ``examples`` package or directory (as the docs
+    say), else a directory outside the repository."""
+    return ROOT if re.search(r"\bexamples[./]", text) else outside
 
 
 def argv_of(command: Command) -> list[str]:

@@ -193,6 +193,11 @@ class AlgoConfig:
             )
         return cls(name=name, **PRESETS[name])
 
+    @classmethod
+    def preset_names(cls) -> tuple[str, ...]:
+        """The names :meth:`from_name` accepts: the options of the ``algo`` config group."""
+        return tuple(PRESETS)
+
     def replace(self, **changes: Any) -> AlgoConfig:
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes)

@@ -2,7 +2,8 @@
 
 Every field is a typed key that can be overridden on the command line
 (``trainer.max_staleness=4``); ``env=``, ``algo=``, ``model=`` and ``inference=`` select
-config groups (presets built by each section's ``from_name``). Validation runs in
+Hydra config groups (each section's ``preset_names()`` are its options, built by its
+``from_name``; see :mod:`areal_agents.config`). Validation runs in
 ``__post_init__`` and names the key and the fix; every section starts with
 :func:`~areal_agents.config.check_numbers` (no NaN or infinity, no negative number, durations
 ``*_s`` positive), so a bad value is refused while the command line is read, before Ray or a
@@ -21,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from areal_agents.config import check_numbers
+from areal_agents.config_values import check_numbers
 from areal_agents.errors import ConfigError
-from areal_agents.serving.engines import get_engine
+from areal_agents.serving.engines import ENGINES, get_engine
 from areal_agents.trainers.advantages import get_advantage_estimator
 from areal_agents.trainers.algorithms import AlgoConfig
 
@@ -76,6 +77,14 @@ class EnvConfig:
 
         builtin = builtin_env(name)
         return cls(name=name, max_turns=builtin.train_max_turns if builtin else None)
+
+    @classmethod
+    def preset_names(cls) -> tuple[str, ...]:
+        """The ``env`` config group's stored options: the built-in environments' short names
+        (any other Gymnasium id is accepted too, and stored when named)."""
+        from areal_agents.envs.registry import BUILTIN_ENVS  # lazily, as in from_name
+
+        return tuple(env.alias for env in BUILTIN_ENVS)
 
     def make_kwargs(self) -> dict[str, Any]:
         """The keyword arguments for ``make_env``."""
@@ -147,6 +156,11 @@ class ModelConfig:
     def from_name(cls, name: str) -> ModelConfig:
         """``model=NAME``."""
         return cls(name=name)
+
+    @classmethod
+    def preset_names(cls) -> tuple[str, ...]:
+        """The ``model`` config group's stored options (a model directory is accepted too)."""
+        return ("default", "tiny")
 
 
 @dataclass
@@ -359,6 +373,11 @@ class InferenceConfig:
     def from_name(cls, name: str) -> InferenceConfig:
         """``inference=builtin|vllm`` (any registered engine)."""
         return cls(engine=get_engine(name).name)
+
+    @classmethod
+    def preset_names(cls) -> tuple[str, ...]:
+        """The ``inference`` config group's options: the registered engines."""
+        return tuple(ENGINES)
 
 
 @dataclass

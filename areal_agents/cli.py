@@ -1,0 +1,247 @@
+"""The Hydra application behind ``python -m areal_agents.train`` and ``... .eval``.
+
+Hydra parses the command line (its own flags and the override grammar) and composes the
+configuration (:mod:`areal_agents.config`); each job runs through Hydra's launcher, so
+``-m``/``--multirun`` sweeps (``-m algo=grpo,rloo trainer.max_staleness=0,2``), ``--cfg job``,
+``--config-dir DIR --config-name NAME``, ``--info`` and ``--hydra-help`` work as in any Hydra
+app. Around that, the project keeps its own contract:
+
+* ``--help`` lists every key with its default and meaning; ``--check`` validates every job
+  (the dataclasses' checks, then the command's own preflight) and starts nothing;
+  ``config=FILE.yaml`` loads a plain mapping of keys.
+* Every job of a command is built and checked *before* the first one starts: a bad key or
+  value in the fourth job of a sweep fails at once with ``error: <key>...`` and exit status 2.
+* Hydra never changes the working directory and writes nothing into it: ``hydra.run.dir``
+  is the run's own directory (``output_dir``), where Hydra keeps its record under
+  ``.hydra/``. In a sweep, a job whose ``output_dir`` is left at its default gets
+  ``hydra.sweep.dir/hydra.sweep.subdir`` (the job number) as its own; two jobs that would
+  write to the same directory are refused. Hydra's logging set-up is off
+  (``hydra/job_logging=none``): the commands log as they did.
+* A job's failure does not stop a sweep: the other jobs run, and the command exits with the
+  worst status.
+
+The jobs run through Hydra's own runner (``hydra._internal.utils._run_hydra``, what
+``@hydra.main`` calls) with an argument list instead of ``sys.argv``, so ``main(argv)`` of
+the command lines works from Python as it does from a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from areal_agents.config import (
+    build,
+    compose,
+    config_error,
+    prepare_overrides,
+    primary,
+    split_files,
+)
+from areal_agents.errors import AgentsError, ConfigError
+
+__all__ = [
+    "Command",
+    "check_sweep_dirs",
+    "default_output",
+    "job_configs",
+    "job_overrides",
+    "launch",
+    "parse",
+]
+
+T = TypeVar("T")
+
+
+@dataclass
+class Command(Generic[T]):
+    """A parsed command line: the project's flags, Hydra's flags and the overrides."""
+
+    cls: type[T]
+    """The root config dataclass."""
+    overrides: list[str]
+    """``key=value`` overrides (Hydra's grammar), after the project's flags were taken out."""
+    hydra_args: argparse.Namespace
+    """Hydra's own flags (``-m``, ``--cfg``, ``--config-dir``, ...)."""
+    parser: argparse.ArgumentParser
+    files: list[str] = field(default_factory=list)
+    """``config=FILE.yaml`` files, in order."""
+    check: bool = False
+    """``--check``: validate and print, start nothing."""
+    help: bool = False
+    """``-h``/``--help``: the project's key listing."""
+
+    @property
+    def multirun(self) -> bool:
+        return bool(self.hydra_args.multirun)
+
+    @property
+    def hydra_only(self) -> bool:
+        """Hydra answers this command itself (``--cfg``, ``--info``, ``--hydra-help``)."""
+        a = self.hydra_args
+        return bool(a.cfg or a.info or a.hydra_help or a.shell_completion)
+
+
+def parse(cls: type[T], argv: Sequence[str], flags: Mapping[str, str] | None = None) -> Command[T]:
+    """Split ``argv`` into the project's flags, Hydra's flags and overrides.
+
+    ``flags`` maps extra flags to overrides (``{"--resume": "resume=true"}``).
+    """
+    from hydra._internal.utils import get_args_parser
+
+    argv = [(flags or {}).get(a, a) for a in argv]
+    check = "--check" in argv
+    argv = [a for a in argv if a != "--check"]
+    files, argv = split_files(argv)
+    parser = get_args_parser()
+
+    def refuse(message: str) -> typing.NoReturn:
+        raise ConfigError(f"{message} (--help lists the flags and keys)")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    args = parser.parse_intermixed_args(argv)  # `-m` may come anywhere
+    overrides = list(args.overrides)
+    return Command(cls, overrides, args, parser, files, check, bool(args.help))
+
+
+def _config_dir(command: Command[Any]) -> str | None:
+    return command.hydra_args.config_dir
+
+
+def job_overrides(command: Command[Any]) -> list[list[str]]:
+    """The overrides of each job: one job, or the cartesian product of a ``-m`` sweep."""
+    if not command.multirun:
+        return [command.overrides]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(command.overrides)
+        batches = BasicSweeper.split_arguments(parsed, None)
+    except Exception as e:
+        raise config_error(e, command.cls) from None
+    return [job for batch in batches for job in batch]
+
+
+def job_configs(command: Command[T]) -> list[T]:
+    """Every job's configuration, composed by Hydra and built and validated, or a
+    :class:`ConfigError` naming the job's bad key (and the job, in a sweep)."""
+    jobs = job_overrides(command)
+    out = []
+    for num, overrides in enumerate(jobs):
+        try:
+            node = compose(
+                command.cls,
+                overrides,
+                files=command.files,
+                config_dir=_config_dir(command),
+                config_name_=command.hydra_args.config_name,
+                job_num=num if command.multirun else None,
+            )
+            out.append(build(command.cls, node))
+        except ConfigError as e:
+            if len(jobs) == 1:
+                raise
+            raise ConfigError(f"job {num} ({' '.join(overrides)}): {e}") from None
+    return out
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def default_output(command: Command[Any], cfg: Any) -> bool:
+    """Whether ``cfg``'s ``output_dir`` is the root's default (a sweep job gets its own)."""
+    return bool(getattr(cfg, "output_dir", None) == getattr(command.cls(), "output_dir", None))
+
+
+def check_sweep_dirs(command: Command[T], configs: Sequence[T]) -> None:
+    """Refuse a sweep whose jobs would share a run directory (an ``output_dir`` set for all)."""
+    seen: dict[str, int] = {}
+    for num, cfg in enumerate(configs):
+        if default_output(command, cfg):
+            continue
+        out = str(Path(str(getattr(cfg, "output_dir", ""))).absolute())
+        if out in seen:
+            raise ConfigError(
+                f"output_dir={getattr(cfg, 'output_dir', '')}: jobs {seen[out]} and {num} of "
+                "the sweep would write to the same run directory; leave output_dir unset "
+                "(each job gets hydra.sweep.dir/<job number>) or put ${hydra:job.num} in it"
+            )
+        seen[out] = num
+
+
+def launch(
+    command: Command[T],
+    job: Callable[[T], Any],
+    *,
+    name: str,
+    sweep_dir: str,
+    run_dir: str | None = None,
+) -> list[Any]:
+    """Run ``job`` on each job's configuration through Hydra's launcher; the jobs' results.
+
+    ``run_dir`` is ``hydra.run.dir`` of a single run (the run's own directory). A job's
+    exception (an :class:`AgentsError`, ``SystemExit``, a bug) is re-raised after a single
+    run; after a sweep, each failure is printed and the command exits with the worst status.
+    """
+    from hydra import version
+    from hydra._internal.utils import _run_hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_node = {
+        "job": {"chdir": False, "name": name},
+        "output_subdir": ".hydra",
+        "run": {"dir": run_dir or "."},
+        "sweep": {"dir": sweep_dir, "subdir": "${hydra.job.num}"},
+    }
+    results: list[Any] = []
+    failures: list[tuple[int, BaseException]] = []
+
+    def task(node: Any) -> None:
+        num = len(results) + len(failures)
+        try:
+            cfg = build(command.cls, node)
+            if command.multirun and default_output(command, cfg):
+                cfg = replace(cfg, output_dir=HydraConfig.get().runtime.output_dir)  # type: ignore[type-var]
+            results.append(job(cfg))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # re-raised below (not left to Hydra's own reporting)
+            failures.append((num, e))
+            if command.multirun and not isinstance(e, AgentsError | SystemExit):
+                traceback.print_exception(e)
+
+    config_name = primary(command.cls, command.files, command.hydra_args.config_name, hydra_node)
+    overrides = prepare_overrides(command.cls, command.overrides, _config_dir(command))
+    if run_dir is not None and not command.multirun:
+        overrides.append(f"hydra.run.dir={_quote(run_dir)}")
+    args = argparse.Namespace(**vars(command.hydra_args))
+    args.overrides, args.config_name = overrides, None
+    version.setbase(None)  # as @hydra.main(version_base=None): this Hydra's defaults
+    GlobalHydra.instance().clear()
+    try:
+        _run_hydra(args, command.parser, task, config_path=None, config_name=config_name)
+    finally:
+        GlobalHydra.instance().clear()
+    if failures and not command.multirun:
+        raise failures[0][1]
+    status = 0
+    for num, e in failures:
+        code = e.code if isinstance(e, SystemExit) else (2 if isinstance(e, ConfigError) else 1)
+        status = max(status, code if isinstance(code, int) else 1)
+        if not isinstance(e, SystemExit):
+            print(f"error: job {num}: {e}", file=sys.stderr)
+    if status:
+        print(
+            f"error: {len(failures)} of {len(results) + len(failures)} jobs failed", file=sys.stderr
+        )
+        raise SystemExit(status)
+    return results

@@ -1,0 +1,302 @@
+"""The typed values of a configuration: conversion, checks, YAML and ``--help`` lines.
+
+Hydra (:mod:`areal_agents.config`) composes a configuration as plain data; this module turns
+that data into the project's dataclasses and checks it. :func:`from_dict` converts every value
+to its field's annotated type (``Literal``, unions, tuples, ``Path`` — the annotations
+OmegaConf's structured configs refuse) and runs each dataclass's ``__post_init__``, so a bad
+key or value fails at start-up with its name. :func:`check_numbers` is the validation every
+section shares: no NaN or infinity anywhere, no negative number unless the section declares
+the key signed, and durations (keys ending in ``_s``) positive.
+
+>>> from dataclasses import dataclass, field
+>>> @dataclass
+... class Opt:
+...     lr: float = 1e-3
+...     betas: tuple[float, ...] = (0.9, 0.999)
+>>> @dataclass
+... class Root:
+...     steps: int = 10
+...     opt: Opt = field(default_factory=Opt)
+>>> from_dict(Root, {"steps": "3", "opt": {"lr": 0.5, "betas": [0.8, 0.9]}})
+Root(steps=3, opt=Opt(lr=0.5, betas=(0.8, 0.9)))
+"""
+
+import ast
+import dataclasses
+import inspect
+import itertools
+import math
+import os
+import tempfile
+import types
+import typing
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any, TypeVar, Union
+
+import yaml
+
+from areal_agents.errors import ConfigError, did_you_mean
+from areal_agents.files import atomic_write
+
+__all__ = [
+    "check_numbers",
+    "check_timeout",
+    "describe",
+    "dump_yaml",
+    "from_dict",
+    "to_dict",
+    "writable_dir",
+]
+
+T = TypeVar("T")
+_NONE_WORDS = {"none", "null", "~"}
+
+
+def to_dict(cfg: Any) -> Any:
+    """A dataclass tree as plain dicts, lists and scalars (what ``config.yaml`` holds)."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple | list):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, Mapping):
+        return {str(k): to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, Path):
+        return str(cfg)
+    return cfg
+
+
+def dump_yaml(cfg: Any, path: str | os.PathLike[str]) -> None:
+    """Write ``cfg`` as YAML, atomically (:func:`~areal_agents.files.atomic_write`)."""
+    atomic_write(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def check_numbers(
+    cfg: Any, section: str = "", *, signed: Collection[str] = (), zero_ok: Collection[str] = ()
+) -> None:
+    """Reject meaningless numbers in the fields of the dataclass ``cfg``, naming the key.
+
+    Every ``int``/``float`` field (and every number in a tuple or list field) must be finite;
+    it must not be negative unless its name is in ``signed``; and a duration — a field whose
+    name ends in ``_s`` — must be positive (0 allowed for names in ``zero_ok``, e.g. a retry
+    delay). ``None`` (an unset optional) and booleans pass;
+    nested dataclasses and mappings are left to their own checks. ``section`` prefixes the
+    key in messages (``trainer`` gives ``trainer.lr=nan``).
+    """
+    prefix = f"{section}." if section else ""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        items = list(value) if isinstance(value, tuple | list) else [value]
+        for item in items:
+            if not isinstance(item, int | float) or isinstance(item, bool):
+                continue
+            key = f"{prefix}{f.name}={_show(value)}"
+            if not math.isfinite(item):
+                raise ConfigError(f"{key}: must be a finite number")
+            if f.name.endswith("_s") and (item < 0 or (item == 0 and f.name not in zero_ok)):
+                raise ConfigError(f"{key}: a duration must be positive seconds")
+            if item < 0 and f.name not in signed:
+                raise ConfigError(f"{key}: must not be negative")
+
+
+def _show(value: Any) -> str:
+    return str(list(value)) if isinstance(value, tuple) else str(value)
+
+
+def writable_dir(path: str | os.PathLike[str], key: str, *, create: bool = True) -> Path:
+    """Create the directory ``path`` (with parents) and check that files can be written there.
+
+    Raises :class:`ConfigError` naming ``key`` instead of an ``OSError`` from deep inside a
+    run (``output_dir=/proc/nope``, a read-only mount, a path through a file). With
+    ``create=False`` nothing is created: a missing ``path`` passes when its nearest existing
+    ancestor is a directory this process may write into (what ``--check`` uses).
+    """
+    out = Path(os.path.expanduser(os.fspath(path)))
+    if not create and not out.exists():
+        parent = out.absolute()
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{key}={os.fspath(path)}: cannot write there ({parent} is not a writable "
+                "directory); choose a writable directory"
+            )
+        return out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ConfigError(
+            f"{key}={os.fspath(path)}: cannot write there ({reason}); choose a writable directory"
+        ) from None
+    return out
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert ``value`` (a CLI string or a YAML scalar) to the annotated type ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        is_none = value is None or (isinstance(value, str) and value.lower() in _NONE_WORDS)
+        if is_none and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: cannot use {value!r}")
+    if origin is typing.Literal:
+        for choice in args:
+            if value == choice or str(value) == str(choice):
+                return choice
+        raise ConfigError(
+            f"{key}={value!r} is not allowed; choose one of {list(args)}"
+            + did_you_mean(str(value), [str(a) for a in args])
+        )
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, Mapping):
+            return from_dict(tp, value, prefix=key)
+        if isinstance(value, tp):
+            return value
+        raise ConfigError(f"{key}: expected a mapping for {tp.__name__}, got {value!r}")
+    if isinstance(value, str) and tp is not str:
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{key}: cannot parse {value!r}: {e}") from None
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if origin in (tuple, list):
+        if value is None:
+            value = []
+        if isinstance(value, str | int | float):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        item_tp = args[0] if args else Any
+        items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict or origin is Mapping:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Path:
+        return Path(str(value))
+    return value
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "") -> T:
+    """Build ``cls`` from a (possibly partial) nested mapping, converting every value.
+
+    Unknown keys are refused with a suggestion; a nested dataclass is built from its own
+    mapping; each dataclass's ``__post_init__`` runs, and its ``TypeError``/``ValueError``
+    becomes a :class:`ConfigError` that names the section.
+    """
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in hints or key not in names:
+            raise ConfigError(f"unknown config key {path!r}" + did_you_mean(str(key), names))
+        kwargs[key] = _coerce(value, hints[key], path)
+    return _construct(cls, kwargs, prefix)
+
+
+def _construct(cls: type[T], kwargs: dict[str, Any], prefix: str) -> T:
+    """``cls(**kwargs)``, with its own validation errors turned into named ConfigErrors."""
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def check_timeout(key: str, value: Any) -> float:
+    """``value`` as a positive, finite number of seconds, or a ConfigError naming ``key``.
+
+    >>> check_timeout("timeout_s", 2)
+    2.0
+    >>> check_timeout("timeout_s", "10")
+    Traceback (most recent call last):
+    ...
+    areal_agents.errors.ConfigError: timeout_s='10': must be a positive number of seconds (got str)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(
+            f"{key}={value!r}: must be a positive number of seconds (got {type(value).__name__})"
+        )
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{key}={value!r}: must be a positive number of seconds")
+    return float(value)
+
+
+def describe(default: Any, prefix: str = "") -> list[str]:
+    """What ``--help`` lists: one line per key of the config ``default``, ``key=default  # doc``.
+
+    Docs are the string literal under each field in the class's source (CleanRL's ``Args``
+    style); a nested config is a header line followed by its own keys.
+
+    >>> from areal_agents.eval_config import EvalPolicyConfig
+    >>> print(describe(EvalPolicyConfig())[2])
+      api_key=''  # Empty reads ``AREAL_API_KEY`` / ``OPENAI_API_KEY`` from the environment.
+    """
+    cls = type(default)
+    docs: dict[str, str] = {}
+    try:
+        tree = ast.parse(inspect.getsource(cls).strip())
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, after in itertools.pairwise(body):
+            named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            if named and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(after.value.value).split())
+    except (OSError, TypeError, IndexError, SyntaxError):
+        pass
+    hints = typing.get_type_hints(cls)
+    lines: list[str] = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        doc = docs.get(f.name, "")
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{key}=...  # {doc}".rstrip(" #"))
+            lines.extend(describe(getattr(default, f.name), key + "."))
+        else:
+            lines.append(f"  {key}={getattr(default, f.name)!r}  # {doc}".rstrip(" #"))
+    return lines

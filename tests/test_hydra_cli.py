@@ -1,0 +1,192 @@
+"""The command lines as Hydra applications: sweeps, --cfg, --config-dir, interpolation,
+errors that name the key, and run directories where users expect them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from areal_agents.config import group_fields, load_config
+from areal_agents.errors import ConfigError
+from areal_agents.train import main
+from areal_agents.trainers.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["env=calculator", "model=tiny", "env.group_size=2", "log.progress=false"]
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty working directory: what a command leaves there is visible."""
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    return here
+
+
+@pytest.fixture
+def trained(monkeypatch: pytest.MonkeyPatch) -> list[TrainConfig]:
+    """``trainers.loop.train`` replaced by a recorder: the jobs Hydra launched, in order."""
+    from areal_agents.trainers import loop
+
+    seen: list[TrainConfig] = []
+
+    def record(cfg: TrainConfig) -> dict[str, Any]:
+        seen.append(cfg)
+        return {"run_dir": str(cfg.run_dir())}
+
+    monkeypatch.setattr(loop, "train", record)
+    return seen
+
+
+def test_every_preset_of_every_group_is_a_hydra_option() -> None:
+    groups = group_fields(TrainConfig)
+    assert set(groups) == {"env", "algo", "model", "inference"}
+    for group, tp in groups.items():
+        names = tp.preset_names()  # type: ignore[attr-defined]
+        assert names, group
+        for name in names:
+            cfg = load_config(TrainConfig, [f"{group}={name}", "env.group_size=2"])
+            expected = tp.from_name(name)  # type: ignore[attr-defined]
+            if group == "env":
+                expected.group_size = 2
+            assert getattr(cfg, group) == expected
+
+
+def test_open_ended_group_options_and_dict_keys() -> None:
+    cfg = load_config(
+        TrainConfig,
+        ["env=acme/MyTask-v0", "env.kwargs.sandbox=docker", "model=/models/mine", "algo=rloo"],
+    )
+    assert cfg.env.name == "acme/MyTask-v0" and cfg.env.kwargs == {"sandbox": "docker"}
+    assert cfg.model.name == "/models/mine" and cfg.algo.name == "rloo"
+    with pytest.raises(ConfigError, match=r"unknown config key 'env\.kwarg'.*did you mean"):
+        load_config(TrainConfig, ["+env.kwarg.x=1"])
+
+
+def test_interpolation_resolves_before_the_dataclasses_check_it() -> None:
+    cfg = load_config(
+        TrainConfig, ["env.group_size=3", "trainer.groups_per_step=${env.group_size}"]
+    )
+    assert cfg.trainer.groups_per_step == 3
+    with pytest.raises(ConfigError, match=r"trainer\.seed: .*'nope'"):
+        load_config(TrainConfig, ["trainer.seed=${nope}"])
+
+
+def test_cfg_job_prints_the_composition_and_starts_nothing(
+    cwd: Path, capsys: pytest.CaptureFixture[str], trained: list[TrainConfig]
+) -> None:
+    main(["--cfg", "job", "algo=rloo", *TINY])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["algo"]["name"] == "rloo" and printed["env"]["group_size"] == 2
+    assert printed["env"]["name"] == "calculator" and printed["model"]["name"] == "tiny"
+    assert not trained and not list(cwd.iterdir())
+
+
+def test_config_dir_with_a_user_yaml_that_selects_a_group_and_sets_keys(
+    tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = tmp_path / "conf"
+    (conf / "env").mkdir(parents=True)
+    (conf / "exp.yaml").write_text(
+        "defaults:\n  - train\n  - override /algo: rloo\n  - _self_\n"
+        "trainer:\n  total_steps: 7\n  seed: ${trainer.total_steps}\n"
+    )
+    (conf / "env" / "mycalc.yaml").write_text("name: calculator\ngroup_size: 3\nmax_turns: 2\n")
+    main(["--config-dir", str(conf), "--config-name", "exp", "model=tiny", "env=mycalc", "--check"])
+    out = capsys.readouterr().out
+    cfg = yaml.safe_load(out.split("configuration OK")[0])
+    assert cfg["algo"]["name"] == "rloo" and cfg["trainer"]["total_steps"] == 7
+    assert cfg["trainer"]["seed"] == 7  # interpolated in the user's file
+    assert cfg["env"] == {**cfg["env"], "name": "calculator", "group_size": 3, "max_turns": 2}
+    assert not list(cwd.iterdir())
+
+
+def test_multirun_check_validates_every_job(cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["-m", "algo=grpo,rloo", "trainer.max_staleness=0,2", *TINY, "--check"])
+    out = capsys.readouterr().out
+    assert out.count("configuration OK") == 4
+    assert "# job 3: algo=rloo trainer.max_staleness=2" in out
+    assert "hydra.sweep.dir/3" in out and not list(cwd.iterdir())
+
+
+def test_a_bad_job_of_a_sweep_fails_before_any_job_starts(
+    cwd: Path, capsys: pytest.CaptureFixture[str], trained: list[TrainConfig]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["-m", "trainer.mode=sync", "trainer.max_staleness=0,2", *TINY])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: job 1 (trainer.mode=sync trainer.max_staleness=2")
+    assert "sync mode trains with staleness 0" in err
+    assert not trained and not list(cwd.iterdir())
+
+
+def test_multirun_runs_each_job_in_its_own_directory_under_the_sweep_dir(
+    tmp_path: Path, cwd: Path, trained: list[TrainConfig]
+) -> None:
+    sweep = tmp_path / "sweep"
+    main(["-m", "algo=grpo,rloo", *TINY, f"hydra.sweep.dir={sweep}"])
+    assert [c.algo.name for c in trained] == ["grpo", "rloo"]
+    assert [c.output_dir for c in trained] == [str(sweep / "0"), str(sweep / "1")]
+    for num in ("0", "1"):
+        saved = yaml.safe_load((sweep / num / ".hydra" / "overrides.yaml").read_text())
+        assert f"algo={('grpo', 'rloo')[int(num)]}" in saved
+    assert (sweep / "multirun.yaml").is_file()
+    assert not list(cwd.iterdir())  # no outputs/, multirun/ or .hydra/ in the cwd
+
+
+def test_sweep_jobs_sharing_an_output_dir_are_refused(
+    tmp_path: Path, cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["-m", "trainer.seed=0,1", *TINY, f"output_dir={tmp_path / 'same'}", "--check"])
+    assert e.value.code == 2
+    assert "jobs 0 and 1 of the sweep would write to the same run directory" in (
+        capsys.readouterr().err
+    )
+    main(["-m", "trainer.seed=0,1", *TINY, f"output_dir={tmp_path}/r${{hydra:job.num}}", "--check"])
+    out = capsys.readouterr().out
+    assert f"go to {tmp_path}/r0" in out and f"go to {tmp_path}/r1" in out
+
+
+def test_a_single_run_keeps_its_directory_and_hydra_writes_only_there(
+    tmp_path: Path, cwd: Path, trained: list[TrainConfig]
+) -> None:
+    main([*TINY, "trainer.total_steps=1"])
+    assert [str(c.run_dir()) for c in trained] == ["runs/calculator-grpo"]
+    run = cwd / "runs" / "calculator-grpo"
+    assert (run / ".hydra" / "config.yaml").is_file()
+    assert sorted(p.name for p in cwd.iterdir()) == ["runs"]
+    main([*TINY, f"output_dir={tmp_path / 'mine'}"])
+    assert trained[-1].output_dir == str(tmp_path / "mine")
+    assert (tmp_path / "mine" / ".hydra" / "overrides.yaml").is_file()
+
+
+def test_the_process_exits_2_naming_the_key_with_a_suggestion(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_agents.train", "-m", "trainer.max_stalenes=3,4"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and "did you mean 'max_staleness'" in proc.stderr
+    assert "Traceback" not in proc.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_group_of_one_root_is_a_plain_key_of_another_in_the_same_process() -> None:
+    from areal_agents.eval_config import EvalConfig
+
+    assert load_config(TrainConfig, ["env=math_python"]).env.name == "math_python"
+    assert load_config(EvalConfig, ["env=calculator"]).env == "calculator"  # a str, no group
+    assert load_config(TrainConfig, ["env=calculator"]).env.max_turns == 2  # the preset again
