@@ -52,6 +52,7 @@ from areal_agents.trainers.inference import (
     stop_servers,
 )
 from areal_agents.trainers.learner_group import LearnerGroup
+from areal_agents.trainers.lora import serving_setup
 from areal_agents.trainers.metrics import (
     MetricsLogger,
     health_metrics,
@@ -85,6 +86,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     model_dir = prepare_model_dir(cfg.model, run_dir)  # the chat-template gate: before Ray
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
+    # the servers' config and the model the clients name (with LoRA on vLLM: the adapter)
+    serving, client_model = serving_setup(cfg, model_dir, run_dir)
     ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
     ckpt.clean_partial()
     print(f"run directory: {run_dir}" + (f" (resuming {resume_from.name})" if resume_from else ""))
@@ -103,7 +106,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     try:
         if not cfg.ray.address:  # local servers load the model while Ray starts
             os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
-            servers = launch_local_servers(cfg.inference, model_dir, "policy", run_dir / "logs")
+            servers = launch_local_servers(serving, model_dir, "policy", run_dir / "logs")
         started_ray = start_ray(cfg.ray)
         stop.install()
         clock.mark("ray_s")
@@ -111,7 +114,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learners") as pool:
             building = pool.submit(LearnerGroup, cfg, model_dir)
             servers = start_servers(
-                cfg.inference,
+                serving,
                 model_dir,
                 "policy",
                 on_cluster=bool(cfg.ray.address),
@@ -122,10 +125,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             buffer = (
                 remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
             )
-            before = held_out_before(cfg, servers, run_dir, fresh=resume_from is None)
+            before = held_out_before(
+                cfg, servers, run_dir, model=client_model, fresh=resume_from is None
+            )
             clock.mark("eval_before_s")
             if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
-                workers = start_workers(cfg, servers, model_dir, buffer, held_out or frozenset())
+                workers = start_workers(
+                    cfg, servers, model_dir, buffer, held_out or frozenset(), model=client_model
+                )
                 runs = [w.run.remote() for w in workers]
             learners = building.result()
         clock.mark("learners_s")  # the part of the learners' load that servers did not overlap
@@ -149,7 +156,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             sync.push(learners, step)  # the servers start from the base weights
             ray.get(buffer.set_version.remote(version=step))
             # ---- rollout workers generate in the background from here on -----------------
-            workers = start_workers(cfg, servers, model_dir, buffer, held_out or frozenset())
+            workers = start_workers(
+                cfg, servers, model_dir, buffer, held_out or frozenset(), model=client_model
+            )
             runs = [w.run.remote() for w in workers]
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
 
@@ -221,7 +230,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         eval_start = time.perf_counter()
         after = None
         if cfg.eval.held_out_tasks:
-            after = evaluate(cfg, str(servers[0].base_url), "policy", run_dir / "eval" / "after")
+            after = evaluate(
+                cfg, str(servers[0].base_url), client_model, run_dir / "eval" / "after"
+            )
         weights = run_dir / "weights" / f"v{step:06d}"
         extra = {
             "run_dir": str(run_dir),
@@ -293,7 +304,7 @@ def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bo
 
 
 def held_out_before(
-    cfg: TrainConfig, servers: list[Any], run_dir: Path, *, fresh: bool
+    cfg: TrainConfig, servers: list[Any], run_dir: Path, model: str = "policy", *, fresh: bool
 ) -> dict[str, Any] | None:
     """Held-out success of the base weights: measured now on a fresh run (before any step),
     read back from ``<run>/eval/before`` on a resumed one; None with ``eval.held_out_tasks=0``."""
@@ -302,7 +313,7 @@ def held_out_before(
     directory = run_dir / "eval" / "before"
     if not fresh:
         return load_result(directory)
-    return evaluate(cfg, str(servers[0].base_url), "policy", directory)
+    return evaluate(cfg, str(servers[0].base_url), model, directory)
 
 
 def stop_workers(workers: list[Any], runs: list[Any]) -> None:
@@ -320,6 +331,7 @@ def start_workers(
     model_dir: Path,
     buffer: Any,
     exclude_task_ids: frozenset[str] = frozenset(),
+    model: str = "policy",
 ) -> list[Any]:
     urls = [str(s.base_url) for s in servers]
     actor = remote_class(RolloutWorkerActor)
@@ -333,7 +345,7 @@ def start_workers(
             inference=cfg.inference,
             base_urls=urls,
             model_dir=str(model_dir),
-            served_name="policy",
+            served_name=model,
             buffer=buffer,
             worker_id=i,
             max_concurrent_groups=cfg.trainer.concurrent_groups,
