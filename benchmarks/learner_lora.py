@@ -125,8 +125,10 @@ def compare(
     steps: int,
     pushes: int,
     full_push: str = "state_dict",
+    settings: Sequence[str] = ("full", "lora"),
 ) -> dict[str, Any]:
-    """Full fine-tuning (``r=0``) and LoRA rank ``r``, each in a fresh process."""
+    """Full fine-tuning (``r=0``) and LoRA rank ``r``, each in a fresh process (``settings``:
+    which of the two run)."""
     from learner import synthetic_batch
     from transformers import AutoConfig
 
@@ -141,7 +143,12 @@ def compare(
     configs: dict[str, Any] = {}
     with BuiltinServer(model_dir, served_model_name="policy") as server:
         server.wait_ready(timeout=600)
-        for n, (label, rank) in enumerate((("full", 0), (f"lora_r{r}", r))):
+        chosen = [
+            (n, label, rank)
+            for n, (label, rank) in enumerate((("full", 0), (f"lora_r{r}", r)))
+            if label.split("_")[0] in settings
+        ]
+        for n, label, rank in chosen:
             queue = ctx.Queue()
             args = (model_dir, rank, batch, steps, pushes, server.base_url)
             proc = ctx.Process(
@@ -158,12 +165,14 @@ def compare(
                 f"({row['push_payload_mb']:.3f} MB)",
                 flush=True,
             )
-    full, lora = configs["full"], configs[f"lora_r{r}"]
-    ratios = {
-        key: round(lora[key] / full[key], 4) if full[key] else None
-        for key in ("optimizer_state_mb", "peak_rss_mb", "median_step_s", "median_push_s")
-    }
-    print(f"  lora/full: {ratios}", flush=True)
+    ratios = {}
+    if len(configs) == 2:
+        full, lora = configs["full"], configs[f"lora_r{r}"]
+        ratios = {
+            key: round(lora[key] / full[key], 4) if full[key] else None
+            for key in ("optimizer_state_mb", "peak_rss_mb", "median_step_s", "median_push_s")
+        }
+        print(f"  lora/full: {ratios}", flush=True)
     return {
         "model": model,
         "rows": rows,
@@ -189,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="how full fine-tuning pushes: a safetensors directory (the trainer's default) "
         "or its state dict over HTTP",
     )
+    parser.add_argument("--settings", default="full,lora", help="which to run: full, lora")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     print(
@@ -206,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             args.steps,
             args.pushes,
             args.full_push,
+            args.settings.split(","),
         )
     )
     write_json(args.json, result)

