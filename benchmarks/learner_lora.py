@@ -3,12 +3,16 @@
 Each configuration runs in a fresh process (one FSDP2 rank, all the machine's cores): it builds
 the project's :class:`~areal_agents.trainers.learner.Learner` (``model.lora.r=0`` or ``R``),
 trains the same synthetic batch ``steps + 1`` times (the first is a warm-up) and pushes its
-weights to one running built-in server: the full state dict in memory over HTTP, or, with LoRA,
-only the adapter (``/update_weights?scaling=``, merged onto the server's base). Printed and
+weights to one running built-in server: the full model through a safetensors directory (the
+trainer's default, ``--full-push disk``) or as a state dict in memory over HTTP
+(``--full-push state_dict``), or, with LoRA, only the adapter (``/update_weights?scaling=``,
+merged onto the server's base). Printed and
 saved: peak resident memory of the learner process, trainable parameters, optimizer state bytes,
 median step seconds, median push seconds and the pushed payload's bytes.
 
     python benchmarks/learner_lora.py --model tiny --json benchmarks/results/learner_lora.json
+    python benchmarks/learner_lora.py --model default --lora 16 --steps 2 \
+        --json benchmarks/results/learner_lora_default.json
     python benchmarks/learner.py --lora 8 ...      # the same, from the learner benchmark
 """
 
@@ -19,6 +23,7 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +49,7 @@ def _run(
     first_version: int,
     port: int,
     out: Any,
+    full_push: str = "state_dict",
 ) -> None:
     import resource
 
@@ -82,6 +88,11 @@ def _run(
             adapter = learner.adapter_state()
             client.update_adapter(adapter, learner.lora.scaling, first_version + i, timeout=600)
             payload = _nbytes(adapter.values())
+        elif full_push == "disk":
+            with tempfile.TemporaryDirectory(prefix="learner-lora-") as tmp:
+                learner.export_weights(tmp)
+                client.update_weights_from_disk(tmp, first_version + i, timeout=600)
+                payload = sum(f.stat().st_size for f in Path(tmp).glob("*.safetensors"))
         else:
             state = learner.full_state()
             state.pop("lm_head.weight", None)  # tied: the server shares it with the embedding
@@ -92,6 +103,7 @@ def _run(
     out.put(
         {
             "lora_r": r,
+            "push": "adapter" if r else full_push,
             "params": info["params"],
             "trainable_params": info["trainable_params"],
             "optimizer_state_mb": round(optimizer_bytes / 2**20, 3),
@@ -105,8 +117,18 @@ def _run(
     )
 
 
-def compare(model: str, r: int, rows: int, seq_len: int, steps: int, pushes: int) -> dict[str, Any]:
-    """Full fine-tuning (``r=0``) and LoRA rank ``r``, each in a fresh process."""
+def compare(
+    model: str,
+    r: int,
+    rows: int,
+    seq_len: int,
+    steps: int,
+    pushes: int,
+    full_push: str = "state_dict",
+    settings: Sequence[str] = ("full", "lora"),
+) -> dict[str, Any]:
+    """Full fine-tuning (``r=0``) and LoRA rank ``r``, each in a fresh process (``settings``:
+    which of the two run)."""
     from learner import synthetic_batch
     from transformers import AutoConfig
 
@@ -121,10 +143,17 @@ def compare(model: str, r: int, rows: int, seq_len: int, steps: int, pushes: int
     configs: dict[str, Any] = {}
     with BuiltinServer(model_dir, served_model_name="policy") as server:
         server.wait_ready(timeout=600)
-        for n, (label, rank) in enumerate((("full", 0), (f"lora_r{r}", r))):
+        chosen = [
+            (n, label, rank)
+            for n, (label, rank) in enumerate((("full", 0), (f"lora_r{r}", r)))
+            if label.split("_")[0] in settings
+        ]
+        for n, label, rank in chosen:
             queue = ctx.Queue()
             args = (model_dir, rank, batch, steps, pushes, server.base_url)
-            proc = ctx.Process(target=_run, args=(*args, 1 + 100 * n, free_port(), queue))
+            proc = ctx.Process(
+                target=_run, args=(*args, 1 + 100 * n, free_port(), queue, full_push)
+            )
             proc.start()
             configs[label] = queue.get(timeout=1800)
             proc.join(timeout=60)
@@ -136,13 +165,22 @@ def compare(model: str, r: int, rows: int, seq_len: int, steps: int, pushes: int
                 f"({row['push_payload_mb']:.3f} MB)",
                 flush=True,
             )
-    full, lora = configs["full"], configs[f"lora_r{r}"]
-    ratios = {
-        key: round(lora[key] / full[key], 4) if full[key] else None
-        for key in ("optimizer_state_mb", "peak_rss_mb", "median_step_s", "median_push_s")
+    ratios = {}
+    if len(configs) == 2:
+        full, lora = configs["full"], configs[f"lora_r{r}"]
+        ratios = {
+            key: round(lora[key] / full[key], 4) if full[key] else None
+            for key in ("optimizer_state_mb", "peak_rss_mb", "median_step_s", "median_push_s")
+        }
+        print(f"  lora/full: {ratios}", flush=True)
+    return {
+        "model": model,
+        "rows": rows,
+        "seq_len": seq_len,
+        "full_push": full_push,
+        "configs": configs,
+        "ratios": ratios,
     }
-    print(f"  lora/full: {ratios}", flush=True)
-    return {"model": model, "rows": rows, "seq_len": seq_len, "configs": configs, "ratios": ratios}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -153,6 +191,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up)")
     parser.add_argument("--pushes", type=int, default=3)
+    parser.add_argument(
+        "--full-push",
+        choices=("disk", "state_dict"),
+        default="state_dict",
+        help="how full fine-tuning pushes: a safetensors directory (the trainer's default) "
+        "or its state dict over HTTP",
+    )
+    parser.add_argument("--settings", default="full,lora", help="which to run: full, lora")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     print(
@@ -161,7 +207,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         flush=True,
     )
     result = {"benchmark": "learner_lora", "machine": machine_info(), "args": vars(args)}
-    result.update(compare(args.model, args.lora, args.rows, args.seq_len, args.steps, args.pushes))
+    result.update(
+        compare(
+            args.model,
+            args.lora,
+            args.rows,
+            args.seq_len,
+            args.steps,
+            args.pushes,
+            args.full_push,
+            args.settings.split(","),
+        )
+    )
     write_json(args.json, result)
     return result
 

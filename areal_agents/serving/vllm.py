@@ -21,8 +21,10 @@ to vLLM (``--middleware``), so every response carries the weight version it was 
 (:mod:`areal_agents.policies.versions`).
 
 LoRA: :meth:`VLLMServer.update_adapter` writes a PEFT adapter directory and loads it at run time
-(``/v1/load_lora_adapter``, in place) under ``adapter_name``; the server needs ``--enable-lora
---max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``.
+(``/v1/load_lora_adapter``, in place, between ``/pause`` and ``/resume``) under
+``adapter_name``; the server needs ``--enable-lora --max-lora-rank R`` (with them among its
+arguments the launcher sets ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``). How a training run
+starts it: :mod:`areal_agents.serving.vllm_lora`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from areal_agents.policies.templates import TOOL_TEMPLATE_PATH
 from areal_agents.serving.adapters import adapter_modules, load_lora_request, save_adapter_dir
 from areal_agents.serving.model import DEFAULT_MODEL_NAME, resolve_model
 from areal_agents.serving.process import ServerProcess, send_request
+from areal_agents.serving.vllm_lora import RUNTIME_UPDATE_ENV, adapter_name
 from areal_agents.serving.weights import check_shapes, checkpoint_shapes
 
 if TYPE_CHECKING:
@@ -151,7 +154,7 @@ class VLLMServer(ServerProcess):
         self._shapes: dict[str, tuple[int, ...]] | None = None
         self._version = 0
         self._adapter_root: Path | None = None
-        self.adapter_name = f"{self.served_model_name}-lora"
+        self.adapter_name = adapter_name(self.served_model_name)
         """The ``model`` name under which a pushed LoRA adapter is served."""
 
     # ---- process -------------------------------------------------------------------------
@@ -203,6 +206,8 @@ class VLLMServer(ServerProcess):
         # vLLM's interpreter may lack areal_agents: --middleware imports a standalone copy
         where = str(_middleware_dir())
         env["PYTHONPATH"] = os.pathsep.join(p for p in (where, env.get("PYTHONPATH")) if p)
+        if "--enable-lora" in self.extra_args:  # adapters are pushed at run time
+            env.update(RUNTIME_UPDATE_ENV)
         return env
 
     def log_tail(self, chars: int = 4000) -> str:
@@ -333,9 +338,20 @@ class VLLMServer(ServerProcess):
             adapter, target, r=r, alpha=scaling * r, target_modules=targets, base_model=""
         )
         route, body = load_lora_request(self.adapter_name, target)
-        self._request("POST", route, timeout, json=body)
-        self._request("POST", "/update_weight_version", timeout, json={"new_version": str(version)})
-        self._version = int(version)
-        for old in self._adapter_root.iterdir():
-            if old != target:
-                shutil.rmtree(old, ignore_errors=True)
+        deadline = time.monotonic() + timeout
+        # as for full weights: in-flight requests end with "abort" (the clients continue them),
+        # so a response's tokens all come from the version current when it returns
+        self.pause(timeout=timeout)
+        try:
+            left = max(5.0, deadline - time.monotonic())
+            self._request("POST", route, left, json=body)
+            self._request(
+                "POST", "/update_weight_version", left, json={"new_version": str(version)}
+            )
+            self._version = int(version)
+        finally:
+            self.resume(timeout=max(5.0, deadline - time.monotonic()))
+        # vLLM re-reads an adapter loaded in place from its path at every engine step, and a
+        # request held during the swap may still name the previous path: keep the last two
+        for old in sorted(self._adapter_root.iterdir())[:-2]:
+            shutil.rmtree(old, ignore_errors=True)

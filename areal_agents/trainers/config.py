@@ -478,19 +478,28 @@ class TrainConfig:
                 f"{self.inference.max_tokens}: the penalty zone must fit in one turn; lower "
                 "algo.overlong_buffer or raise inference.max_tokens"
             )
-        if self.model.lora.enabled and self.inference.engine != "builtin":
-            raise ConfigError(
-                f"model.lora.r={self.model.lora.r} with inference.engine={self.inference.engine}: "
-                "adapter pushes are wired for the built-in server only (vLLM's run-time adapter "
-                "loading needs the rollout clients to name the adapter); use inference=builtin "
-                "or model.lora.r=0"
-            )
+        if self.model.lora.enabled:
+            self._check_lora_engine()
         groupwise = get_advantage_estimator(self.algo.advantage).groupwise
         if groupwise and self.env.group_size < 2:
             raise ConfigError(
                 f"algo={getattr(self.algo, 'name', self.algo.advantage)} compares samples of a "
                 f"group: set env.group_size to 2 or more (got {self.env.group_size})"
             )
+
+    def _check_lora_engine(self) -> None:
+        """LoRA runs on the built-in server (adapter merged) and on vLLM (adapter served by
+        name, rank at most vLLM's largest ``--max-lora-rank``)."""
+        engine, r = self.inference.engine, self.model.lora.r
+        if engine not in ("builtin", "vllm"):
+            raise ConfigError(
+                f"model.lora.r={r} with inference.engine={engine}: adapter pushes are wired for "
+                "the built-in server and vLLM only; use one of them or model.lora.r=0"
+            )
+        if engine == "vllm":
+            from areal_agents.serving.vllm_lora import max_lora_rank
+
+            max_lora_rank(r)  # a ConfigError above vLLM's largest rank
 
     def run_dir(self) -> Path:
         """The run directory this configuration writes to."""

@@ -52,6 +52,7 @@ from areal_agents.trainers.inference import (
     stop_servers,
 )
 from areal_agents.trainers.learner_group import LearnerGroup
+from areal_agents.trainers.lora import serving_setup
 from areal_agents.trainers.metrics import (
     MetricsLogger,
     health_metrics,
@@ -87,6 +88,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     shared_dir, template = model_source(model_dir) if cfg.ray.address else (model_dir, None)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
+    # the servers' config and the model the clients name (with LoRA on vLLM: the adapter)
+    serving, client_model = serving_setup(cfg, model_dir, run_dir)
     ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
     ckpt.clean_partial()
     print(f"run directory: {run_dir}" + (f" (resuming {resume_from.name})" if resume_from else ""))
@@ -105,7 +108,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     try:
         if not cfg.ray.address:  # local servers load the model while Ray starts
             os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
-            servers = launch_local_servers(cfg.inference, model_dir, "policy", run_dir / "logs")
+            servers = launch_local_servers(serving, model_dir, "policy", run_dir / "logs")
         started_ray = start_ray(cfg.ray)
         stop.install()
         clock.mark("ray_s")
@@ -113,7 +116,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learners") as pool:
             building = pool.submit(LearnerGroup, cfg, shared_dir)  # weights only: no template
             servers = start_servers(
-                cfg.inference,
+                serving,
                 shared_dir,
                 "policy",
                 on_cluster=bool(cfg.ray.address),
@@ -125,11 +128,19 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             buffer = (
                 remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
             )
-            before = held_out_before(cfg, servers, run_dir, fresh=resume_from is None)
+            before = held_out_before(
+                cfg, servers, run_dir, model=client_model, fresh=resume_from is None
+            )
             clock.mark("eval_before_s")
             if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
                 workers = start_workers(
-                    cfg, servers, shared_dir, buffer, held_out or frozenset(), template
+                    cfg,
+                    servers,
+                    shared_dir,
+                    buffer,
+                    held_out or frozenset(),
+                    template,
+                    model=client_model,
                 )
                 runs = [w.run.remote() for w in workers]
             learners = building.result()
@@ -155,7 +166,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             ray.get(buffer.set_version.remote(version=step))
             # ---- rollout workers generate in the background from here on -----------------
             workers = start_workers(
-                cfg, servers, shared_dir, buffer, held_out or frozenset(), template
+                cfg,
+                servers,
+                shared_dir,
+                buffer,
+                held_out or frozenset(),
+                template,
+                model=client_model,
             )
             runs = [w.run.remote() for w in workers]
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
@@ -228,7 +245,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         eval_start = time.perf_counter()
         after = None
         if cfg.eval.held_out_tasks:
-            after = evaluate(cfg, str(servers[0].base_url), "policy", run_dir / "eval" / "after")
+            after = evaluate(
+                cfg, str(servers[0].base_url), client_model, run_dir / "eval" / "after"
+            )
         weights = run_dir / "weights" / f"v{step:06d}"
         extra = {
             "run_dir": str(run_dir),
@@ -300,7 +319,7 @@ def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bo
 
 
 def held_out_before(
-    cfg: TrainConfig, servers: list[Any], run_dir: Path, *, fresh: bool
+    cfg: TrainConfig, servers: list[Any], run_dir: Path, model: str = "policy", *, fresh: bool
 ) -> dict[str, Any] | None:
     """Held-out success of the base weights: measured now on a fresh run (before any step),
     read back from ``<run>/eval/before`` on a resumed one; None with ``eval.held_out_tasks=0``."""
@@ -309,7 +328,7 @@ def held_out_before(
     directory = run_dir / "eval" / "before"
     if not fresh:
         return load_result(directory)
-    return evaluate(cfg, str(servers[0].base_url), "policy", directory)
+    return evaluate(cfg, str(servers[0].base_url), model, directory)
 
 
 def stop_workers(workers: list[Any], runs: list[Any]) -> None:
@@ -328,6 +347,7 @@ def start_workers(
     buffer: Any,
     exclude_task_ids: frozenset[str] = frozenset(),
     chat_template: str | None = None,
+    model: str = "policy",
 ) -> list[Any]:
     """The rollout workers (Ray actors); each applies ``chat_template`` on its own node."""
     urls = [str(s.base_url) for s in servers]
@@ -342,7 +362,7 @@ def start_workers(
             inference=cfg.inference,
             base_urls=urls,
             model_dir=str(model_dir),
-            served_name="policy",
+            served_name=model,
             buffer=buffer,
             worker_id=i,
             max_concurrent_groups=cfg.trainer.concurrent_groups,

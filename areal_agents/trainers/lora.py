@@ -11,7 +11,7 @@ directory), and the weight push sends only them under PEFT's saved names
 term is the same model with the adapters off (:func:`adapters_disabled`), not a second copy.
 
 >>> from torch import nn
->>> from areal_agents.trainers.config import LoraConfig
+>>> from areal_agents.trainers.config import InferenceConfig, LoraConfig, TrainConfig
 >>> net = nn.Sequential()
 >>> net.add_module("q_proj", nn.Linear(4, 4))
 >>> net.add_module("up", nn.Linear(4, 4))
@@ -26,7 +26,9 @@ term is the same model with the adapters off (:func:`adapters_disabled`), not a 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import peft
@@ -35,7 +37,7 @@ from torch import Tensor, nn
 
 from areal_agents.errors import ConfigError
 from areal_agents.serving.adapters import PEFT_PREFIX
-from areal_agents.trainers.config import LoraConfig
+from areal_agents.trainers.config import InferenceConfig, LoraConfig, TrainConfig
 
 __all__ = [
     "ADAPTER",
@@ -44,6 +46,7 @@ __all__ = [
     "adapters_disabled",
     "apply_lora",
     "merged_state",
+    "serving_setup",
 ]
 
 ADAPTER = "default"
@@ -127,3 +130,28 @@ def merged_state(state: Mapping[str, Tensor], scaling: float) -> dict[str, Tenso
             tensor = (tensor.float() + delta).to(tensor.dtype)
         out[f"{module}.{leaf}"] = tensor
     return out
+
+
+def serving_setup(
+    cfg: TrainConfig, model_dir: Path, run_dir: Path, served_name: str = "policy"
+) -> tuple[InferenceConfig, str]:
+    """How the inference servers start and which ``model`` the clients send: ``cfg.inference``
+    and ``served_name``, except with LoRA on vLLM, where the servers get vLLM's LoRA flags and
+    an all-zero starting adapter (written to ``<run>/lora-base``) and the clients name the
+    adapter (:mod:`areal_agents.serving.vllm_lora`). The built-in server merges each adapter
+    into the weights it serves under ``served_name``."""
+    lora = cfg.model.lora
+    if not lora.enabled or cfg.inference.engine != "vllm":
+        return cfg.inference, served_name
+    from areal_agents.serving.vllm_lora import launch_args
+
+    flags, name = launch_args(
+        model_dir,
+        run_dir / "lora-base",
+        served_name,
+        r=lora.r,
+        alpha=lora.alpha,
+        target_modules=lora.target_modules,
+    )
+    extra = (*cfg.inference.extra_args, *flags)
+    return dataclasses.replace(cfg.inference, extra_args=extra), name

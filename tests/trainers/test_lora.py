@@ -422,10 +422,12 @@ def test_weight_sync_pushes_only_the_adapter_with_its_scaling(tmp_path: Path) ->
         WeightSync(InferenceConfig(), [NoAdapters()], tmp_path, lora=lora).push(  # type: ignore[list-item]
             _AdapterLearners(adapter), 3
         )
-    with pytest.raises(ConfigError, match=r"model\.lora\.r=8 with inference\.engine=vllm"):
-        TrainConfig(
-            model=ModelConfig(name="tiny", lora=lora), inference=InferenceConfig(engine="vllm")
-        )
+    vllm = InferenceConfig(engine="vllm")  # vLLM serves the adapter by name
+    assert TrainConfig(model=ModelConfig(name="tiny", lora=lora), inference=vllm).model.lora.r == R
+    too_big = LoraConfig(r=600, alpha=32.0)
+    with pytest.raises(ConfigError, match=r"model\.lora\.r=600: vLLM serves .* at most 512"):
+        TrainConfig(model=ModelConfig(name="tiny", lora=too_big), inference=vllm)
+    assert TrainConfig(model=ModelConfig(name="tiny", lora=too_big)).model.lora.r == 600
 
 
 def test_vllm_adapter_push_writes_a_peft_directory_and_loads_it_in_place(tmp_path: Path) -> None:
@@ -452,13 +454,21 @@ def test_vllm_adapter_push_writes_a_peft_directory_and_loads_it_in_place(tmp_pat
     server._request = record  # type: ignore[method-assign]
     for version in (1, 2):
         server.update_adapter(adapter, 2.0, version)
-    assert [r for _, r, _ in sent] == ["/v1/load_lora_adapter", "/update_weight_version"] * 2
-    load = sent[2][2]
+    # in-flight requests are aborted (and continued by the clients) around each swap
+    routes = ["/pause", "/v1/load_lora_adapter", "/update_weight_version", "/resume"]
+    assert [r for _, r, _ in sent] == routes * 2
+    load = sent[5][2]
     assert load["lora_name"] == "policy-lora" and load["load_inplace"] is True
     assert Path(load["lora_path"]).name == "v000002"
-    assert sent[3][2] == {"new_version": "2"}
+    assert sent[6][2] == {"new_version": "2"}
     assert server._version == 2
-    assert not Path(sent[0][2]["lora_path"]).exists()  # only the served adapter is kept
+    assert Path(sent[1][2]["lora_path"]).exists()  # the previous adapter is kept, ...
+    server.update_adapter(adapter, 2.0, 3)
+    assert not Path(sent[1][2]["lora_path"]).exists()  # ... older ones are not
+    assert sorted(p.name for p in Path(load["lora_path"]).parent.iterdir()) == [
+        "v000002",
+        "v000003",
+    ]
     with pytest.raises(WeightSyncError, match="must increase"):
-        server.update_adapter(adapter, 2.0, 2)
+        server.update_adapter(adapter, 2.0, 3)
     server.stop()
