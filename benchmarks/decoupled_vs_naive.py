@@ -123,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     seeds = [int(x) for x in args.seeds.split(",")]
     ups = [int(x) for x in args.updates.split(",")]
     torch.set_num_threads(1)
+    result: dict[str, Any] = {"benchmark": "decoupled_vs_naive", "machine": machine_info()}
+    result["args"] = vars(args)
     rows = []
     print(
         f"{'updates':>7s} {'stale':>5s} {'loss':>14s} {'final reward':>12s} {'mean reward':>11s}"
@@ -156,7 +158,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     f" {row['reward_mean_over_steps']:11.3f} {row['clip_frac_mean']:9.3f}"
                     f" {row['behavior_weight_mean']:8.3f}"
                 )
-    result = {"benchmark": "decoupled_vs_naive", "machine": machine_info(), "args": vars(args)}
     result["rows"] = rows
     write_json(args.json, result)
     return result
