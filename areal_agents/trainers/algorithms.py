@@ -45,6 +45,7 @@ from areal_agents.trainers.losses import (
     compute_policy_loss,
     get_loss,
     register_loss,
+    resolve_loss,
 )
 
 __all__ = [
@@ -86,8 +87,11 @@ class AlgoConfig:
     """Preset this config came from (a label; the fields below decide the behaviour)."""
     advantage: str = "grpo"
     """Estimator: gae | grpo | dr_grpo | reinforce | rloo | reinforce_pp (or a registered one)."""
-    loss: str = "ppo_clip"
-    """Policy loss: ppo_clip | decoupled_ppo | reinforce (or registered)."""
+    loss: str = "auto"
+    """Policy loss: auto | ppo_clip | decoupled_ppo | reinforce (or registered). ``auto`` is
+    ``decoupled_ppo`` with ``trainer.mode=async`` and ``ppo_clip`` in sync: with stale samples,
+    clipping against the sampling policy (``ppo_clip``) learned slower the staler the data,
+    the decoupled loss did not (``losses.AUTO_LOSS``; ``benchmarks/decoupled_vs_naive.py``)."""
     clip_eps_low: float = 0.2
     """PPO clip below 1: ratios under ``1 - clip_eps_low`` stop pushing down a bad token."""
     clip_eps_high: float = 0.2
@@ -198,6 +202,11 @@ class AlgoConfig:
         """The names :meth:`from_name` accepts: the options of the ``algo`` config group."""
         return tuple(PRESETS)
 
+    def for_mode(self, mode: str) -> AlgoConfig:
+        """This config with ``loss=auto`` resolved for ``trainer.mode=mode`` (what a learner
+        trains with); any other loss is kept."""
+        return self.replace(loss=resolve_loss(self.loss, mode))
+
     def replace(self, **changes: Any) -> AlgoConfig:
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **changes)
@@ -217,21 +226,21 @@ def _choose(key: str, value: str, choices: Sequence[str]) -> None:
 #: ``algo.kl_coef=0.01`` (REINFORCE++, in the reward).
 PRESETS: dict[str, dict[str, Any]] = {
     "ppo": dict(
-        advantage="gae", loss="ppo_clip", gamma=1.0, lam=0.95,
+        advantage="gae", loss="auto", gamma=1.0, lam=0.95,
         whiten_advantages=True, aggregation="token_mean", kl_in_reward=True, kl_estimator="k1",
     ),
-    "grpo": dict(advantage="grpo", loss="ppo_clip", aggregation="seq_mean_token_mean"),
+    "grpo": dict(advantage="grpo", loss="auto", aggregation="seq_mean_token_mean"),
     "dr_grpo": dict(
-        advantage="dr_grpo", loss="ppo_clip", std_normalize=False, aggregation="seq_sum_norm"
+        advantage="dr_grpo", loss="auto", std_normalize=False, aggregation="seq_sum_norm"
     ),
     "dapo": dict(
-        advantage="grpo", loss="ppo_clip", clip_eps_low=0.2, clip_eps_high=0.28,
+        advantage="grpo", loss="auto", clip_eps_low=0.2, clip_eps_high=0.28,
         aggregation="token_mean", dynamic_sampling=True, mask_truncated=False,
     ),
     "reinforce": dict(advantage="reinforce", loss="reinforce", baseline="batch"),
-    "rloo": dict(advantage="rloo", loss="ppo_clip", aggregation="token_mean"),
+    "rloo": dict(advantage="rloo", loss="auto", aggregation="token_mean"),
     "reinforce_pp": dict(
-        advantage="reinforce_pp", loss="ppo_clip", kl_in_reward=True, kl_estimator="k2",
+        advantage="reinforce_pp", loss="auto", kl_in_reward=True, kl_estimator="k2",
         aggregation="token_mean",
     ),
 }  # fmt: skip

@@ -151,6 +151,10 @@ class TrajectoryBuffer:
             slot goes to a new task (``algo.dynamic_sampling``).
         batch_order: ``"ready"`` (complete groups first, within every group's deadline) or
             ``"admission"`` (strict admission order: reproducible batches).
+        total_groups: the groups the run will train (``total_steps * groups_per_step``); no
+            task is admitted past it, so nothing is generated that would never be trained and a
+            run ends with every admitted group trained (a dropped or filtered group releases
+            its slot). Sync and async then train the same tasks. None: no limit.
     """
 
     def __init__(
@@ -161,6 +165,7 @@ class TrajectoryBuffer:
         data_seed: int = 0,
         dynamic_sampling: bool = False,
         batch_order: BatchOrder = "ready",
+        total_groups: int | None = None,
     ) -> None:
         if groups_per_step < 1:
             raise ConfigError(f"groups_per_step={groups_per_step}: must be at least 1")
@@ -168,7 +173,10 @@ class TrajectoryBuffer:
             raise ConfigError(f"max_staleness={max_staleness}: must be 0 or more")
         if batch_order not in ("ready", "admission"):
             raise ConfigError(f"batch_order={batch_order!r}: choose 'ready' or 'admission'")
+        if total_groups is not None and total_groups < 1:
+            raise ConfigError(f"total_groups={total_groups}: must be at least 1 or None")
         self.batch_order = batch_order
+        self.total_groups = total_groups
         self.groups_per_step = groups_per_step
         self.max_staleness = max_staleness
         self.dynamic_sampling = dynamic_sampling
@@ -201,6 +209,8 @@ class TrajectoryBuffer:
     def capacity(self) -> int:
         """How many more tasks may start now without breaking the staleness bound."""
         limit = (self.version + self.max_staleness + 1) * self.groups_per_step
+        if self.total_groups is not None:
+            limit = min(limit, self.total_groups)
         used = self.trained_groups + len(self._inflight) + len(self._ready)
         return max(0, limit - used)
 

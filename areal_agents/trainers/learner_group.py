@@ -43,7 +43,7 @@ class LearnerGroup:
             ).remote(
                 spec=LearnerSpec(
                     model_dir=str(model_dir),
-                    algo=cfg.algo,
+                    algo=cfg.algo.for_mode(cfg.trainer.mode),  # loss=auto resolved
                     trainer=cfg.trainer,
                     model=cfg.model,
                     temperature=cfg.inference.temperature,

@@ -306,6 +306,8 @@ def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
         "data_seed": cfg.trainer.seed,
         "dynamic_sampling": cfg.algo.dynamic_sampling,
         "batch_order": cfg.trainer.batch_order,
+        # nothing is admitted that the run would never train (the last steps drain the rest)
+        "total_groups": cfg.trainer.total_steps * cfg.trainer.groups_per_step,
     }
 
 

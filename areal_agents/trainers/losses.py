@@ -43,6 +43,7 @@ from areal_agents.trainers.masked import masked_max, masked_mean, masked_min, ma
 
 __all__ = [
     "AGGREGATIONS",
+    "AUTO_LOSS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "PROXIMAL_KINDS",
@@ -60,6 +61,7 @@ __all__ = [
     "ppo_clip_loss",
     "register_loss",
     "reinforce_loss",
+    "resolve_loss",
 ]
 
 #: The explicit ways of turning a per-token loss ``[B, T]`` into a scalar.
@@ -232,6 +234,29 @@ class LossSpec:
 
 POLICY_LOSSES: dict[str, LossSpec] = {}
 
+#: ``algo.loss=auto`` (every preset's choice but reinforce): the loss of each training mode.
+#: Async trains on samples up to ``max_staleness`` versions old, and there clipping the ratio
+#: against the sampling policy (``ppo_clip``) throws gradient away: the ratio drifts from 1 by
+#: the staleness alone, so tokens are clipped before the current step moved anything. The
+#: decoupled loss takes the trust region around the step-start policy and reweights by
+#: ``pi_prox / pi_behav`` instead; measured (``benchmarks/decoupled_vs_naive.py``, README
+#: section 2) it learned as fast at staleness 4 and 8 as at 0, while ``ppo_clip`` fell behind
+#: with staleness. In sync training the sampler *is* the step-start policy, the two losses
+#: coincide, and ``ppo_clip`` needs no proximal pass. Without a mode ``auto`` is ``ppo_clip``.
+AUTO_LOSS: dict[str, str] = {"async": "decoupled_ppo", "sync": "ppo_clip"}
+
+
+def resolve_loss(name: str, mode: str | None = None) -> str:
+    """The registered loss ``algo.loss=name`` means in ``trainer.mode=mode`` (``auto``:
+    :data:`AUTO_LOSS`; no mode: sync's); any other name is returned as it is.
+
+    >>> resolve_loss("auto", "async"), resolve_loss("auto", "sync"), resolve_loss("reinforce")
+    ('decoupled_ppo', 'ppo_clip', 'reinforce')
+    """
+    if name != "auto":
+        return name
+    return AUTO_LOSS["async" if mode == "async" else "sync"]
+
 
 def register_loss(
     name: str, *, proximal: Proximal = "step_start"
@@ -253,9 +278,10 @@ def register_loss(
 
 
 def get_loss(name: str) -> LossSpec:
-    """The policy loss registered as ``name``; unknown names fail with a suggestion."""
+    """The policy loss registered as ``name`` (``auto``: :func:`resolve_loss` without a mode);
+    unknown names fail with a suggestion."""
     try:
-        return POLICY_LOSSES[name]
+        return POLICY_LOSSES[resolve_loss(name)]
     except KeyError:
         raise ConfigError(
             f"algo.loss={name!r} is not a known policy loss"

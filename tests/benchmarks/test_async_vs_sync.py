@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import async_vs_sync
+from _fair import agreement, length_buckets, trained_lengths
 
 
 def _row(step: int, elapsed: float, reward: float, stale: float) -> dict[str, object]:
@@ -33,7 +34,62 @@ def test_summarize_derives_throughput_staleness_and_final_reward(tmp_path: Path)
     assert s["reward_final"] == pytest.approx(1.0)  # the last third of the steps
     assert s["learner_wait_frac"] == pytest.approx(3.0 / 20.0)
     assert s["curve"][-1] == [20.0, 1.0]
-    assert s["after_first_tokens_per_s"] == pytest.approx(200 / 10.0)
+    assert s["turns_mean"] == pytest.approx(3.0) and s["policy_tokens_mean"] == pytest.approx(25.0)
+
+
+def test_trained_lengths_weigh_each_step_by_its_episodes() -> None:
+    # 2 episodes of 8 turns (one long dialogue's group) and 6 episodes of 2 turns
+    rows = [
+        {"episodes": 2, "episode/turns_mean": 8.0, "tokens/policy": 400},
+        {"episodes": 6, "episode/turns_mean": 2.0, "tokens/policy": 120},
+    ]
+    got = trained_lengths(rows)
+    assert got["episodes"] == 8
+    assert got["turns_mean"] == pytest.approx((2 * 8 + 6 * 2) / 8)  # 3.5, not (8 + 2) / 2
+    assert got["policy_tokens_mean"] == pytest.approx(520 / 8)
+
+
+def test_length_buckets_count_trained_episodes_per_task_length() -> None:
+    rounds = {0: 1, 1: 8, 2: 1, 3: 2}
+    rows = [{"batch/task_indices": [0, 1]}, {"batch/task_indices": [2, 3]}]
+    assert length_buckets(rows, rounds.__getitem__, group_size=4) == {
+        "rounds=1": 8, "rounds=2": 4, "rounds=8": 4,
+    }  # fmt: skip
+    # an async run that left the long task untrained has a different histogram
+    short = [{"batch/task_indices": [0, 2, 3]}]
+    assert length_buckets(short, rounds.__getitem__, 4) != length_buckets(
+        rows, rounds.__getitem__, 4
+    )
+
+
+def test_agreement_flags_a_mode_that_trained_shorter_episodes() -> None:
+    # Run C of the README: sync trained 4.30 turns per episode, async s=4 3.50 (-18.6%)
+    runs = {
+        "sync": {"turns_mean": 4.30, "policy_tokens_mean": 127.5},
+        "async_s4": {"turns_mean": 3.50, "policy_tokens_mean": 83.0},
+        "async_s2": {"turns_mean": 4.28, "policy_tokens_mean": 127.0},
+    }
+    got = agreement(runs)
+    assert got["within"] is False
+    assert got["diff"]["async_s4"]["turns_mean"] == pytest.approx(3.50 / 4.30 - 1, abs=1e-4)
+    assert agreement({k: runs[k] for k in ("sync", "async_s2")})["within"] is True
+
+
+def test_compare_takes_ratios_and_held_out_points_per_seed() -> None:
+    def run(mode: str, seed: int, tok: float, success: float, turns: float) -> dict[str, object]:
+        return {"mode": mode, "seed": seed, "steps": 2, "tokens_per_s": tok,
+                "samples_per_s": tok / 10, "turns_mean": turns, "policy_tokens_mean": 10 * turns,
+                "held_out": {"success_after": success}}  # fmt: skip
+
+    runs = [run("sync", 0, 10.0, 0.50, 4.0), run("async_s4", 0, 16.0, 0.48, 4.1),
+            run("sync", 1, 8.0, 0.60, 4.0), run("async_s4", 1, 14.0, 0.62, 3.0)]  # fmt: skip
+    got = async_vs_sync.compare(runs)
+    mean = got["mean_over_seeds"]["async_s4"]
+    assert mean["seeds"] == 2
+    assert mean["tokens_per_s_ratio"] == pytest.approx((1.6 + 1.75) / 2)
+    assert mean["held_out_points_vs_sync"] == pytest.approx(0.0)  # -2 and +2 points
+    assert got["length_agreement"]["seed0"]["within"] is True
+    assert got["length_agreement"]["seed1"]["within"] is False  # 3.0 vs 4.0 turns
 
 
 def test_idle_fractions_count_samples_under_the_threshold(tmp_path: Path) -> None:
@@ -54,13 +110,20 @@ def test_idle_fractions_count_samples_under_the_threshold(tmp_path: Path) -> Non
 def test_overrides_keep_everything_but_the_staleness_equal(tmp_path: Path) -> None:
     args = async_vs_sync.main.__globals__["argparse"].Namespace(
         env="e", model="m", group_size=4, groups_per_step=2, steps=3, lr=1e-5,
-        concurrent_groups=8, seed=0, max_tokens=16, extra=[],
+        concurrent_groups=8, max_tokens=16, extra=[], engine="vllm", held_out=128,
+        loss="decoupled_ppo", sync_threads=2, async_threads=1,
     )  # fmt: skip
-    sync = async_vs_sync._overrides(args, 0, tmp_path)
-    fast = async_vs_sync._overrides(args, 4, tmp_path)
+    sync = async_vs_sync._overrides(args, 0, tmp_path, seed=1)
+    fast = async_vs_sync._overrides(args, 4, tmp_path, seed=1)
     assert "trainer.mode=sync" in sync and not any("max_staleness" in a for a in sync)
     assert {"trainer.mode=async", "trainer.max_staleness=4"} <= set(fast)
-    common = {a for a in sync if not a.startswith("trainer.mode")}
+    # sync time-shares both cores, async splits them: the one other difference
+    assert {"trainer.torch_threads=2", "inference.torch_threads=2"} <= set(sync)
+    assert {"trainer.torch_threads=1", "inference.torch_threads=1"} <= set(fast)
+    assert {"eval.held_out_tasks=128", "trainer.seed=1", "inference.engine=vllm"} <= set(sync)
+    common = {
+        a for a in sync if not a.startswith(("trainer.mode", "trainer.torch", "inference.torch"))
+    }
     assert common <= set(fast)
 
 
@@ -68,13 +131,18 @@ def test_overrides_keep_everything_but_the_staleness_equal(tmp_path: Path) -> No
 @pytest.mark.integration
 def test_tiny_sync_and_async_runs_print_the_table(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     result = async_vs_sync.main(
-        ["--model", "tiny", "--steps", "1", "--staleness", "0,1", "--groups-per-step", "1",
-         "--group-size", "2", "--max-tokens", "8", "--out", str(tmp_path / "runs"),
-         "--plots", str(tmp_path / "plots"), "--timeout-s", "900"]
+        ["--quick", "--out", str(tmp_path / "runs"), "--plots", str(tmp_path / "plots"),
+         "--timeout-s", "900"]
     )  # fmt: skip
     runs = {r["setting"]: r for r in result["runs"]}
-    assert set(runs) == {"sync", "async_s1"}
+    assert set(runs) == {"sync_seed0", "async_s1_seed0"}
     assert all(r["exit_code"] == 0 and r["steps"] == 1 for r in runs.values())
-    assert runs["sync"]["ratio_vs_sync"] == 1.0 and "ratio_vs_sync" in runs["async_s1"]
+    assert runs["sync_seed0"]["ratio_vs_sync"] == 1.0 and "ratio_vs_sync" in runs["async_s1_seed0"]
+    # the same single task trained in both modes, held-out scored, load recorded
+    assert runs["sync_seed0"]["trained_by_length"] == runs["async_s1_seed0"]["trained_by_length"]
+    assert all(r["held_out"]["tasks"] == 2 for r in runs.values())
+    assert all(r["held_out"]["success_after"] is not None for r in runs.values())
+    assert all(len(r["load_before"]["loadavg"]) == 3 for r in runs.values())
+    assert "seed0" in result["comparison"]["length_agreement"]
     assert (tmp_path / "plots" / "async_vs_sync_reward.png").is_file()
     assert "vs sync" in capsys.readouterr().out

@@ -271,3 +271,34 @@ def test_bad_buffer_arguments() -> None:
         TrajectoryBuffer(groups_per_step=1, max_staleness=-1)
     with pytest.raises(ConfigError, match="batch_order"):
         TrajectoryBuffer(groups_per_step=1, max_staleness=0, batch_order="newest")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("order", ["ready", "admission"])
+def test_total_groups_ends_a_run_with_every_admitted_group_trained(order: BatchOrder) -> None:
+    """Async with a cap trains exactly the tasks sync trains: 0..N-1, long ones included."""
+    steps, g = 3, 2
+    buf = TrajectoryBuffer(g, max_staleness=4, batch_order=order, total_groups=steps * g)
+    admitted = [r.index for r, _ in buf.admit(100)]
+    assert admitted == [0, 1, 2, 3, 4, 5]  # the bound alone would admit (4 + 1) * 2 = 10
+    for i in (1, 2, 3, 4, 5):  # task 0 is the long one: it finishes last
+        finish(buf, i)
+    trained: list[int] = []
+    for step in range(steps):
+        if step == (steps - 1 if order == "ready" else 0):
+            assert buf.pop_batch() is None  # a batch waits for the long task...
+            finish(buf, 0)
+        batch = buf.pop_batch()
+        assert batch is not None
+        trained += [grp.task.index for grp in batch]
+        buf.set_version(step + 1)
+        assert buf.admit(100) == []  # ...and nothing new starts past the run's end
+    assert sorted(trained) == admitted and buf.pending() == []
+
+
+def test_total_groups_lets_a_dropped_group_release_its_slot() -> None:
+    buf = TrajectoryBuffer(2, max_staleness=2, total_groups=2)
+    assert [r.index for r, _ in buf.admit(100)] == [0, 1]
+    assert buf.complete(0, []) == "dropped"
+    assert [r.index for r, _ in buf.admit(100)] == [2]
+    with pytest.raises(ConfigError):
+        TrajectoryBuffer(2, 0, total_groups=0)

@@ -339,8 +339,15 @@ def buffer_for(*overrides: str) -> TrajectoryBuffer:
 def test_mode_max_staleness_and_groups_per_step_bound_admission() -> None:
     assert len(buffer_for("trainer.mode=sync").admit(100)) == 2  # (0 + 1) * G
     assert len(buffer_for().admit(100)) == 6  # async default: (2 + 1) * G
-    assert len(buffer_for("trainer.max_staleness=4").admit(100)) == 10
+    assert len(buffer_for("trainer.max_staleness=4", "trainer.total_steps=9").admit(100)) == 10
     assert len(buffer_for("trainer.groups_per_step=3", "trainer.mode=sync").admit(100)) == 3
+
+
+def test_total_steps_caps_admission_at_the_groups_the_run_trains() -> None:
+    # staleness 4 would allow (4 + 1) * 2 = 10 groups; the run trains 3 * 2 = 6
+    buf = buffer_for("trainer.max_staleness=4", "trainer.total_steps=3")
+    assert [r.index for r, _ in buf.admit(100)] == [0, 1, 2, 3, 4, 5]
+    assert buf.admit(100) == []
 
 
 def test_batch_order_seed_and_dynamic_sampling_reach_the_buffer() -> None:

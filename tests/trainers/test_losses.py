@@ -278,3 +278,60 @@ def test_masked_tokens_contribute_exactly_nothing() -> None:
             assert b.grad[off].eq(0).all()
             for k in m1:
                 assert torch.equal(m1[k], m2[k]), k
+
+
+def _naive_and_decoupled(behav_shift: float, proximal_shift: float | None):
+    """Loss and gradient of ppo_clip and decoupled_ppo through ``compute_policy_loss``.
+
+    One token, A = 1, current log-prob -1, the sampler's ``-1 - behav_shift``. Each loss gets
+    the proximal policy a learner gives it: ppo_clip declares the sampler (None: nothing is
+    recomputed); decoupled_ppo the step-start weights: the current ones with one update per step
+    (``proximal_shift=None``), else the recomputed log-prob ``-1 - proximal_shift``."""
+    out = {}
+    for name in ("ppo_clip", "decoupled_ppo"):
+        lp = torch.tensor([[-1.0]], dtype=D, requires_grad=True)
+        behav = torch.tensor([[-1.0 - behav_shift]], dtype=D)
+        prox = None
+        if name == "decoupled_ppo" and proximal_shift is not None:
+            prox = torch.tensor([[-1.0 - proximal_shift]], dtype=D)
+        a, m = torch.ones(1, 1, dtype=D), torch.ones(1, 1, dtype=D)
+        loss, _ = compute_policy_loss(cfg(loss=name), lp, prox, behav, a, m)
+        loss.backward()
+        assert lp.grad is not None
+        out[name] = (loss.item(), lp.grad.item())
+    return out
+
+
+def test_naive_and_decoupled_differ_exactly_when_proximal_and_behaviour_differ() -> None:
+    # fresh data: the sampler is the proximal (current) policy -> the same loss, the same grad
+    same = _naive_and_decoupled(behav_shift=0.0, proximal_shift=None)
+    assert same["ppo_clip"] == pytest.approx((-1.0, -1.0))
+    assert same["decoupled_ppo"] == pytest.approx((-1.0, -1.0))
+    # stale data, pi_prox / pi_behav = 2: naive clips r = pi / pi_behav = 2 at 1.2 (no gradient);
+    # decoupled has r = pi / pi_prox = 1 and weighs the token by w = 2
+    stale = _naive_and_decoupled(behav_shift=math.log(2.0), proximal_shift=None)
+    assert stale["ppo_clip"] == pytest.approx((-1.2, 0.0))
+    assert stale["decoupled_ppo"] == pytest.approx((-2.0, -2.0))
+    # a later update of a step (the weights moved: pi / pi_prox = 1.1), step-start = sampler:
+    # identical again, both r = 1.1 inside the clip range
+    eq = _naive_and_decoupled(behav_shift=math.log(1.1), proximal_shift=math.log(1.1))
+    assert eq["ppo_clip"] == pytest.approx((-1.1, -1.1))
+    assert eq["decoupled_ppo"] == pytest.approx((-1.1, -1.1))
+    # ... and a stale sampler, pi_prox / pi_behav = 1.5: naive r = 1.65 is clipped at 1.2;
+    # decoupled keeps r = 1.1 and weighs by 1.5
+    diff = _naive_and_decoupled(behav_shift=math.log(1.65), proximal_shift=math.log(1.1))
+    assert diff["ppo_clip"] == pytest.approx((-1.2, 0.0))
+    assert diff["decoupled_ppo"] == pytest.approx((-1.65, -1.65))
+
+
+def test_auto_loss_is_decoupled_in_async_and_ppo_clip_in_sync() -> None:
+    grpo = AlgoConfig.from_name("grpo")
+    assert grpo.loss == "auto"
+    assert grpo.for_mode("async").loss == "decoupled_ppo"
+    assert grpo.for_mode("sync").loss == "ppo_clip"
+    assert grpo.replace(loss="ppo_clip").for_mode("async").loss == "ppo_clip"  # an explicit choice
+    assert AlgoConfig.from_name("reinforce").for_mode("async").loss == "reinforce"
+    assert get_loss("auto").name == "ppo_clip"  # no mode known
+    # the proximal pass follows the resolved loss
+    assert grpo.for_mode("async").needs(updates_per_step=2).proximal_pass
+    assert not grpo.for_mode("sync").needs(updates_per_step=2).proximal_pass
