@@ -70,6 +70,7 @@ from areal_agents.trainers.runtime import (
     worker_env,
 )
 from areal_agents.trainers.stop import GracefulStop, StartupClock
+from areal_agents.trainers.warm_start import lean_finished_run, run_warm_start, warm_start_info
 
 __all__ = ["train"]
 
@@ -104,12 +105,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if not cfg.ray.address:  # local servers load the model while Ray starts
             os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
             servers = launch_local_servers(cfg.inference, model_dir, "policy", run_dir / "logs")
+        # a fresh run's supervised warm start (while the servers load the base model): the
+        # learners start from it; a resumed run's checkpoint holds every weight anyway
+        warm = run_warm_start(cfg, model_dir, run_dir, held_out) if resume_from is None else None
+        learner_dir = run_dir / "warm_start" if warm else model_dir
+        clock.mark("warm_start_s")
         started_ray = start_ray(cfg.ray)
         stop.install()
         clock.mark("ray_s")
         # ---- set-up: learners (loading meanwhile), servers, buffer; restore the checkpoint --
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learners") as pool:
-            building = pool.submit(LearnerGroup, cfg, model_dir)
+            building = pool.submit(LearnerGroup, cfg, learner_dir)
             servers = start_servers(
                 cfg.inference,
                 model_dir,
@@ -122,6 +128,22 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             buffer = (
                 remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
             )
+            base = None
+            if warm:  # the base model first, then servers on the warm-started one (version 0)
+                base = held_out_before(cfg, servers, run_dir, fresh=True, name="base")
+                clock.mark("eval_base_s")
+                stop_servers(servers)
+                servers = []
+                servers = start_servers(
+                    cfg.inference,
+                    learner_dir,
+                    "policy",
+                    on_cluster=bool(cfg.ray.address),
+                    log_dir=run_dir / "logs",
+                )
+                clock.mark("servers_warm_s")
+            elif resume_from is not None:
+                base = held_out_before(cfg, servers, run_dir, fresh=False, name="base")
             before = held_out_before(cfg, servers, run_dir, fresh=resume_from is None)
             clock.mark("eval_before_s")
             if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
@@ -133,13 +155,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "learner": learners.info["torch_threads"],
             "servers": server_torch_threads(servers),
         }
-        sync = WeightSync(
-            cfg.inference,
-            servers,
-            run_dir / "weights",
-            lora=cfg.model.lora,
-            on_cluster=bool(cfg.ray.address),
-        )
+        sync = make_sync(cfg, servers, run_dir)
         step, elapsed_before = 0, 0.0
         if resume_from is not None:
             step = learners.load_checkpoint(resume_from / "learner")
@@ -223,6 +239,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if cfg.eval.held_out_tasks:
             after = evaluate(cfg, str(servers[0].base_url), "policy", run_dir / "eval" / "after")
         weights = run_dir / "weights" / f"v{step:06d}"
+        lean_finished_run(run_dir, ckpt.latest())  # no optimizer, no warm-start copy at the end
+        first = clock.summary()["time_to_first_step_s"]
+        eval_s = sum(clock.phases.get(k, 0.0) for k in ("eval_base_s", "eval_before_s"))
         extra = {
             "run_dir": str(run_dir),
             "finished": True,
@@ -232,10 +251,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "model": cfg.model.name,
             "torch_threads": threads,
             **clock.summary(),
+            "time_to_first_step_without_eval_s": (
+                None if first is None or resume_from is not None else round(first - eval_s, 3)
+            ),
+            "warm_start": warm_start_info(run_dir),
             "held_out": {
                 "tasks": cfg.eval.held_out_tasks,
                 "seed": cfg.eval.seed,
                 "excluded_from_training": held_out is not None,
+                "base": base,
                 "before": before,
                 "after": after,
             },
@@ -247,9 +271,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             },
             "times": {
                 "total_s": round(time.time() - clock.process_start, 3),
-                "eval_s": round(
-                    clock.phases.get("eval_before_s", 0.0) + time.perf_counter() - eval_start, 3
-                ),
+                "eval_s": round(eval_s + time.perf_counter() - eval_start, 3),
             },
         }
         summary = write_summary(run_dir, extra)
@@ -293,16 +315,28 @@ def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bo
 
 
 def held_out_before(
-    cfg: TrainConfig, servers: list[Any], run_dir: Path, *, fresh: bool
+    cfg: TrainConfig, servers: list[Any], run_dir: Path, *, fresh: bool, name: str = "before"
 ) -> dict[str, Any] | None:
-    """Held-out success of the base weights: measured now on a fresh run (before any step),
-    read back from ``<run>/eval/before`` on a resumed one; None with ``eval.held_out_tasks=0``."""
+    """Held-out success of the served weights before any step: measured now on a fresh run,
+    read back from ``<run>/eval/<name>`` on a resumed one; None with ``eval.held_out_tasks=0``.
+    ``name``: ``before`` (the weights RL starts from) or ``base`` (before the warm start)."""
     if not cfg.eval.held_out_tasks:
         return None
-    directory = run_dir / "eval" / "before"
+    directory = run_dir / "eval" / name
     if not fresh:
         return load_result(directory)
     return evaluate(cfg, str(servers[0].base_url), "policy", directory)
+
+
+def make_sync(cfg: TrainConfig, servers: list[Any], run_dir: Path) -> WeightSync:
+    """How the learners' weights reach the servers (``<run>/weights`` on a local run)."""
+    return WeightSync(
+        cfg.inference,
+        servers,
+        run_dir / "weights",
+        lora=cfg.model.lora,
+        on_cluster=bool(cfg.ray.address),
+    )
 
 
 def stop_workers(workers: list[Any], runs: list[Any]) -> None:
