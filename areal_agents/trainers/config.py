@@ -422,9 +422,9 @@ class WarmStartConfig:
     after it (``held_out.before``, where RL starts), so its own gain is reported apart from RL's.
     """
 
-    steps: int = 8
+    steps: int = 4
     """Supervised steps (0: no warm start)."""
-    batch_size: int = 8
+    batch_size: int = 4
     """Demonstrations per step (one new demonstration each; run one at a time, low memory)."""
     lr: float = 2e-5
     """AdamW learning rate of the warm start."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.envs.registry import make_env
+from areal_agents.errors import ConfigError
 from areal_agents.files import write_json
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.data import task_id_of
@@ -64,7 +65,10 @@ def demonstrations(
             task_id = info.get("task_id") or task_id_of(env, seed - 1)
             if exclude and task_id in exclude:
                 continue
-            solution = get_task(task_id).metadata.get("canonical_solution")
+            try:
+                solution = get_task(task_id).metadata.get("canonical_solution")
+            except ConfigError:  # an environment that cannot look its tasks up by id
+                return []
             if not isinstance(solution, str) or not solution.strip():
                 return []  # this environment has no reference solutions
             reply = {"role": "assistant", "content": f"```python\n{solution.rstrip()}\n```"}
@@ -124,6 +128,9 @@ def run_warm_start(
         print(f"warm start skipped: {cfg.env.name}'s tasks carry no reference solution")
         return None
     start = time.perf_counter()
+    threads = torch.get_num_threads()
+    if cfg.trainer.torch_threads:  # as the learners: OpenMP threads spin against each other
+        torch.set_num_threads(cfg.trainer.torch_threads)  # on a small busy machine
     torch.manual_seed(cfg.trainer.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     policy: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -142,11 +149,9 @@ def run_warm_start(
             where = torch.tensor(row_mask[1:], dtype=torch.bool)  # predict t+1 from t
             hidden = policy.model(input_ids=ids).last_hidden_state[0, :-1][where]
             logits = policy.lm_head(hidden).float()
-            loss = torch.nn.functional.cross_entropy(
-                logits, ids[0, 1:][where], reduction="sum"
-            )
+            loss = torch.nn.functional.cross_entropy(logits, ids[0, 1:][where], reduction="sum")
             (loss / targets).backward()
-            total += float(loss)
+            total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
         losses.append(round(total / targets, 4))
@@ -171,6 +176,7 @@ def run_warm_start(
     tmp.rename(out)
     write_json(run_dir / "warm_start.json", info)
     del policy, opt
+    torch.set_num_threads(threads)
     return info
 
 
