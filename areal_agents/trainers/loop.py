@@ -240,7 +240,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             after = evaluate(cfg, str(servers[0].base_url), "policy", run_dir / "eval" / "after")
         weights = run_dir / "weights" / f"v{step:06d}"
         lean_finished_run(run_dir, ckpt.latest())  # no optimizer, no warm-start copy at the end
-        first = clock.summary()["time_to_first_step_s"]
+        first = clock.first_step_at and clock.first_step_at - clock.process_start
         eval_s = sum(clock.phases.get(k, 0.0) for k in ("eval_base_s", "eval_before_s"))
         extra = {
             "run_dir": str(run_dir),

@@ -72,7 +72,8 @@ def demonstrations(
             if not isinstance(solution, str) or not solution.strip():
                 return []  # this environment has no reference solutions
             reply = {"role": "assistant", "content": f"```python\n{solution.rstrip()}\n```"}
-            out.append(([dict(m) for m in obs] + [reply], list(info.get("tools") or [])))
+            messages: list[Message] = [dict(m) for m in obs]
+            out.append(([*messages, reply], list(info.get("tools") or [])))
     finally:
         env.close()
     return out
