@@ -224,7 +224,11 @@ def test_a_test_sized_run_of_the_main_command(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "weights").iterdir()] == [f"v{steps:06d}"]
     model_bytes = (tmp_path / "weights" / f"v{steps:06d}" / "model.safetensors").stat().st_size
     checkpoint = sum(p.stat().st_size for p in (tmp_path / "checkpoints").rglob("*"))
-    assert checkpoint <= 3.2 * model_bytes  # model and AdamW's two moments, once
+    assert checkpoint <= 1.2 * model_bytes  # a finished run's checkpoint: no optimizer state
+    run_bytes = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    assert run_bytes <= 3 * model_bytes  # the run directory: final weights and checkpoint
+    assert summary["warm_start"] is None and held["base"] is None  # calculator: no warm start
+    assert 0 < summary["time_to_first_step_without_eval_s"] < first
     assert summary["final_weights"] == str(tmp_path / "weights" / f"v{steps:06d}")
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "RayConfig",
     "TrainConfig",
     "TrainerConfig",
+    "WarmStartConfig",
 ]
 
 
@@ -443,18 +444,70 @@ class HeldOutConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """A short supervised warm start on the environment's reference solutions, before RL.
+
+    It runs on a fresh run only, and only when the environment's tasks carry a reference
+    solution (``metadata["canonical_solution"]``: ``code_sandbox``'s procedural and HumanEval
+    tasks); other environments skip it. Demonstrations are tasks no held-out id matches,
+    answered with the reference solution in a fenced code block; the loss covers the assistant
+    tokens only. The held-out tasks are scored on the model before it (``held_out.base``) and
+    after it (``held_out.before``, where RL starts), so its own gain is reported apart from RL's.
+    """
+
+    steps: int = 4
+    """Supervised steps (0: no warm start)."""
+    batch_size: int = 4
+    """Demonstrations per step (one new demonstration each; run one at a time, low memory)."""
+    lr: float = 2e-5
+    """AdamW learning rate of the warm start."""
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "warm_start")
+        if self.batch_size < 1:
+            raise ConfigError(f"warm_start.batch_size={self.batch_size}: must be at least 1")
+        if self.steps and self.lr <= 0:
+            raise ConfigError(f"warm_start.lr={self.lr}: must be positive")
+
+
+def _recipe_algo() -> AlgoConfig:
+    """The default algorithm: GRPO advantages with the decoupled PPO loss (safe when async)."""
+    return AlgoConfig.from_name("grpo").replace(loss="decoupled_ppo")
+
+
+def _recipe_trainer() -> TrainerConfig:
+    """The default loop, sized for a 2-core CPU machine: async with staleness 1, 16 episodes a
+    step, one torch thread per process, and a 10-minute training budget."""
+    return TrainerConfig(
+        max_staleness=1,
+        total_steps=1000,  # an upper bound: the time budget stops the run
+        groups_per_step=4,
+        lr=2e-5,
+        micro_batch_tokens=2048,
+        max_concurrent_groups=8,
+        time_budget_s=600.0,
+        torch_threads=1,
+    )
+
+
+def _recipe_inference() -> InferenceConfig:
+    """The default servers: the built-in one, 80 new tokens a turn, one torch thread."""
+    return InferenceConfig(max_tokens=80, torch_threads=1)
+
+
+@dataclass
 class TrainConfig:
     """The root of ``python -m areal_agents.train``."""
 
     env: EnvConfig = field(default_factory=lambda: EnvConfig.from_name("code_sandbox"))
     """The environment (``env=NAME``)."""
-    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig.from_name("grpo"))
+    algo: AlgoConfig = field(default_factory=_recipe_algo)
     """The RL algorithm (``algo=ppo|grpo|dr_grpo|dapo|reinforce|rloo|reinforce_pp``)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model (``model=default|tiny|PATH``)."""
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: TrainerConfig = field(default_factory=_recipe_trainer)
     """The loop."""
-    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    inference: InferenceConfig = field(default_factory=_recipe_inference)
     """The inference servers (``inference=builtin|vllm``)."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Process placement."""
@@ -462,6 +515,8 @@ class TrainConfig:
     """Metrics, transcripts, progress bar."""
     eval: HeldOutConfig = field(default_factory=HeldOutConfig)
     """Held-out success before and after training."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """The supervised warm start before RL (environments with reference solutions only)."""
     output_dir: str | None = None
     """Run directory (None: ``runs/<env>-<algo>``; re-running the same command resumes it)."""
 

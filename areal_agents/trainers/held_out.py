@@ -106,6 +106,10 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+def _gain(old: float | None, new: float | None) -> str:
+    return "" if old is None or new is None else f"  ({100 * (new - old):+.1f} points)"
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"
@@ -123,12 +127,23 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
         f"trained {summary.get('steps')} steps ({summary.get('stop_reason')}) of "
         f"{summary.get('env')} with {summary.get('model')}"
     )
-    if held.get("tasks"):
-        b, a = before.get("success"), after.get("success")
-        gain = "" if a is None or b is None else f"  ({100 * (a - b):+.1f} points)"
+    base = held.get("base") or {}
+    if held.get("tasks") and base:
+        z, b, a = base.get("success"), before.get("success"), after.get("success")
         lines.append(
             f"held-out success ({held['tasks']} tasks never trained on, greedy): "
-            f"{_pct(b)} -> {_pct(a)}{gain}"
+            f"{_pct(z)} -> {_pct(a)}{_gain(z, a)}"
+        )
+        lines.append(
+            f"  warm start:      {_pct(z)} -> {_pct(b)}{_gain(z, b)}  "
+            f"(supervised, {(summary.get('warm_start') or {}).get('steps')} steps)"
+        )
+        lines.append(f"  RL:              {_pct(b)} -> {_pct(a)}{_gain(b, a)}")
+    elif held.get("tasks"):
+        b, a = before.get("success"), after.get("success")
+        lines.append(
+            f"held-out success ({held['tasks']} tasks never trained on, greedy): "
+            f"{_pct(b)} -> {_pct(a)}{_gain(b, a)}"
         )
     else:
         lines.append("held-out success: not measured (eval.held_out_tasks=0)")
@@ -141,13 +156,15 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
     lines.append(f"final weights:     {summary.get('final_weights') or 'n/a'}")
     lines.append(f"report:            {run / 'report.html'} (open it in a browser)")
     viewers = [str(run / "transcripts.html")] + [
-        str(r["viewer"]) for r in (before, after) if r.get("viewer")
+        str(r["viewer"]) for r in (base, before, after) if r.get("viewer")
     ]
     lines.append("transcripts:       " + ", ".join(viewers))
     times = summary.get("times") or {}
     lines.append(
         f"time:              {_duration(times.get('total_s'))} in all; first trained step "
-        f"after {_duration(summary.get('time_to_first_step_s'))}; training "
+        f"after {_duration(summary.get('time_to_first_step_s'))} "
+        f"({_duration(summary.get('time_to_first_step_without_eval_s'))} without the "
+        f"held-out evaluation); training "
         f"{_duration(summary.get('wall_s'))}; held-out evaluation "
         f"{_duration(times.get('eval_s'))}"
     )

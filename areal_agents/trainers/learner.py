@@ -462,19 +462,21 @@ class Learner:
         state: dict[str, Any] = {}
         if self.spec.rank == 0:
             state = torch.load(src / "learner.pt", map_location="cpu", weights_only=False)
+        # a finished run's last checkpoint keeps no optimizer state (trainers/warm_start.py)
+        with_opt = schedule.get("optimizer", True) is not False
         fsdp.load_full_state(
             self.model,
-            self.optimizer,
+            self.optimizer if with_opt else None,
             state.get("model", {}),
-            state.get("optimizer", {}),
+            state.get("optimizer", {}) if with_opt else None,
             trainable_only=self.lora is not None,
         )
         if self.critic is not None:
             fsdp.load_full_state(
                 self.critic,
-                self.critic_optimizer,
+                self.critic_optimizer if with_opt else None,
                 state.get("critic", {}),
-                state.get("critic_optimizer", {}),
+                state.get("critic_optimizer", {}) if with_opt else None,
             )
         self.scheduler.load_state_dict(schedule["scheduler"])
         self.step = int(schedule["step"])

@@ -71,6 +71,7 @@ from areal_agents.trainers.runtime import (
     worker_env,
 )
 from areal_agents.trainers.stop import GracefulStop, StartupClock
+from areal_agents.trainers.warm_start import lean_finished_run, run_warm_start, warm_start_info
 
 __all__ = ["train"]
 
@@ -109,12 +110,17 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         if not cfg.ray.address:  # local servers load the model while Ray starts
             os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
             servers = launch_local_servers(serving, model_dir, "policy", run_dir / "logs")
+        # a fresh run's supervised warm start (while the servers load the base model): the
+        # learners start from it; a resumed run's checkpoint holds every weight anyway
+        warm = run_warm_start(cfg, model_dir, run_dir, held_out) if resume_from is None else None
+        learner_dir = run_dir / "warm_start" if warm else shared_dir  # weights only: no template
+        clock.mark("warm_start_s")
         started_ray = start_ray(cfg.ray)
         stop.install()
         clock.mark("ray_s")
         # ---- set-up: learners (loading meanwhile), servers, buffer; restore the checkpoint --
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learners") as pool:
-            building = pool.submit(LearnerGroup, cfg, shared_dir)  # weights only: no template
+            building = pool.submit(LearnerGroup, cfg, learner_dir)
             servers = start_servers(
                 serving,
                 shared_dir,
@@ -128,9 +134,25 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             buffer = (
                 remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
             )
-            before = held_out_before(
-                cfg, servers, run_dir, model=client_model, fresh=resume_from is None
-            )
+            base = None
+            if warm:  # the base model first, then servers on the warm-started one (version 0)
+                base = held_out_before(cfg, servers, run_dir, client_model, fresh=True, name="base")
+                clock.mark("eval_base_s")
+                stop_servers(servers)
+                servers = []
+                servers = start_servers(
+                    serving,
+                    learner_dir,
+                    "policy",
+                    on_cluster=bool(cfg.ray.address),
+                    log_dir=run_dir / "logs",
+                )
+                clock.mark("servers_warm_s")
+            elif resume_from is not None:
+                base = held_out_before(
+                    cfg, servers, run_dir, client_model, fresh=False, name="base"
+                )
+            before = held_out_before(cfg, servers, run_dir, client_model, fresh=resume_from is None)
             clock.mark("eval_before_s")
             if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
                 workers = start_workers(
@@ -149,13 +171,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "learner": learners.info["torch_threads"],
             "servers": server_torch_threads(servers),
         }
-        sync = WeightSync(
-            cfg.inference,
-            servers,
-            run_dir / "weights",
-            lora=cfg.model.lora,
-            on_cluster=bool(cfg.ray.address),
-        )
+        sync = make_sync(cfg, servers, run_dir)
         step, elapsed_before = 0, 0.0
         if resume_from is not None:
             step = learners.load_checkpoint(resume_from / "learner")
@@ -249,6 +265,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 cfg, str(servers[0].base_url), client_model, run_dir / "eval" / "after"
             )
         weights = run_dir / "weights" / f"v{step:06d}"
+        lean_finished_run(run_dir, ckpt.latest())  # no optimizer, no warm-start copy at the end
+        first = clock.first_step_at and clock.first_step_at - clock.process_start
+        eval_s = sum(clock.phases.get(k, 0.0) for k in ("eval_base_s", "eval_before_s"))
         extra = {
             "run_dir": str(run_dir),
             "finished": True,
@@ -258,10 +277,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "model": cfg.model.name,
             "torch_threads": threads,
             **clock.summary(),
+            "time_to_first_step_without_eval_s": (
+                None if first is None or resume_from is not None else round(first - eval_s, 3)
+            ),
+            "warm_start": warm_start_info(run_dir),
             "held_out": {
                 "tasks": cfg.eval.held_out_tasks,
                 "seed": cfg.eval.seed,
                 "excluded_from_training": held_out is not None,
+                "base": base,
                 "before": before,
                 "after": after,
             },
@@ -273,9 +297,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             },
             "times": {
                 "total_s": round(time.time() - clock.process_start, 3),
-                "eval_s": round(
-                    clock.phases.get("eval_before_s", 0.0) + time.perf_counter() - eval_start, 3
-                ),
+                "eval_s": round(eval_s + time.perf_counter() - eval_start, 3),
             },
         }
         summary = write_summary(run_dir, extra)
@@ -321,16 +343,34 @@ def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bo
 
 
 def held_out_before(
-    cfg: TrainConfig, servers: list[Any], run_dir: Path, model: str = "policy", *, fresh: bool
+    cfg: TrainConfig,
+    servers: list[Any],
+    run_dir: Path,
+    model: str = "policy",
+    *,
+    fresh: bool,
+    name: str = "before",
 ) -> dict[str, Any] | None:
-    """Held-out success of the base weights: measured now on a fresh run (before any step),
-    read back from ``<run>/eval/before`` on a resumed one; None with ``eval.held_out_tasks=0``."""
+    """Held-out success of the served weights before any step: measured now on a fresh run,
+    read back from ``<run>/eval/<name>`` on a resumed one; None with ``eval.held_out_tasks=0``.
+    ``name``: ``before`` (the weights RL starts from) or ``base`` (before the warm start)."""
     if not cfg.eval.held_out_tasks:
         return None
-    directory = run_dir / "eval" / "before"
+    directory = run_dir / "eval" / name
     if not fresh:
         return load_result(directory)
     return evaluate(cfg, str(servers[0].base_url), model, directory)
+
+
+def make_sync(cfg: TrainConfig, servers: list[Any], run_dir: Path) -> WeightSync:
+    """How the learners' weights reach the servers (``<run>/weights`` on a local run)."""
+    return WeightSync(
+        cfg.inference,
+        servers,
+        run_dir / "weights",
+        lora=cfg.model.lora,
+        on_cluster=bool(cfg.ray.address),
+    )
 
 
 def stop_workers(workers: list[Any], runs: list[Any]) -> None:

@@ -25,8 +25,10 @@ def test_batch_order_defaults_to_ready_and_is_checked() -> None:
 def test_torch_threads_are_optional_and_at_least_one() -> None:
     cfg = load_config(TrainConfig, ["trainer.torch_threads=1", "inference.torch_threads=2"])
     assert (cfg.trainer.torch_threads, cfg.inference.torch_threads) == (1, 2)
-    assert TrainConfig().trainer.torch_threads is None
-    assert TrainConfig().inference.torch_threads is None
+    assert TrainerConfig().torch_threads is None
+    # the main command's recipe: one thread per process on a small shared machine
+    assert TrainConfig().trainer.torch_threads == 1
+    assert TrainConfig().inference.torch_threads == 1
     with pytest.raises(ConfigError, match=r"trainer\.torch_threads=0"):
         load_config(TrainConfig, ["trainer.torch_threads=0"])
     with pytest.raises(ConfigError, match=r"inference\.torch_threads=-1"):

@@ -85,6 +85,19 @@ def test_closing_screen_shows_before_after_and_where_things_are(tmp_path: Path) 
     assert "(+25.0 points)" in screen
     assert str(tmp_path / "summary.png") in screen and str(tmp_path / "report.html") in screen
     assert str(tmp_path / "eval/after/index.html") in screen
-    assert "3m 20s in all; first trained step after 1m 01s; training 2m 05s" in screen
+    assert "3m 20s in all; first trained step after 1m 01s" in screen
+    assert "training 2m 05s" in screen
+    off = closing_screen({**summary, "time_to_first_step_without_eval_s": 41.0})
+    assert "first trained step after 1m 01s (41s without the held-out evaluation)" in off
+    # with a warm start: base -> after in all, and each part on its own line
+    warm = {
+        **summary,
+        "warm_start": {"steps": 8},
+        "held_out": {**summary["held_out"], "base": {"success": 0.125}},
+    }
+    screen = closing_screen(warm)
+    assert "held-out success (8 tasks never trained on, greedy): 12.5% -> 50.0%" in screen
+    assert "warm start:      12.5% -> 25.0%  (+12.5 points)  (supervised, 8 steps)" in screen
+    assert "RL:              25.0% -> 50.0%  (+25.0 points)" in screen
     off = closing_screen({**summary, "held_out": {"tasks": 0}})
     assert "not measured (eval.held_out_tasks=0)" in off

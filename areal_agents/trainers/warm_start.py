@@ -1,0 +1,219 @@
+"""A short supervised warm start on reference solutions, run by the trainer before RL.
+
+SmolLM2-135M-Instruct, asked for a function, mostly answers in prose or with a program that
+does not load, so RL on the code environment starts with almost no reward to compare within a
+group. A few supervised steps on the environment's own reference solutions (procedural tasks
+carry one) teach the answer format: one fenced ``python`` block with the function. The
+demonstrations are rendered with the chat template the servers and the learner use (tool
+schemas included), and the loss covers exactly the assistant tokens, up to and including
+``<|im_end|>``. No demonstration is a held-out task.
+
+The result is written to ``<run>/warm_start`` (renamed into place when complete, so a killed
+run either finds it whole or makes it again); the learners start from it, and the trainer
+scores the held-out tasks on the model before and after it, so that its own gain is reported
+apart from the gain of RL.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from areal_agents.envs.registry import make_env
+from areal_agents.errors import ConfigError
+from areal_agents.files import write_json
+from areal_agents.trainers.config import TrainConfig
+from areal_agents.trainers.data import task_id_of
+
+__all__ = [
+    "DEMO_SEED",
+    "demonstrations",
+    "encode_demonstration",
+    "lean_finished_run",
+    "run_warm_start",
+    "warm_start_info",
+]
+
+DEMO_SEED = 1_500_000_000
+"""Environment seed of the first demonstration (far from the held-out seeds 0, 1, ...)."""
+
+Message = Mapping[str, Any]
+
+
+def demonstrations(
+    cfg: TrainConfig, n: int, exclude: frozenset[str] | None = None
+) -> list[tuple[list[Message], list[Any]]]:
+    """``n`` demonstrations ``(messages, tool schemas)`` from the environment: a task's opening
+    messages and its reference solution as the assistant's reply; ``[]`` when the environment's
+    tasks carry no reference solution. Tasks whose id is in ``exclude`` are skipped."""
+    env = make_env(cfg.env.name, **cfg.env.make_kwargs())
+    out: list[tuple[list[Message], list[Any]]] = []
+    try:
+        base = env.unwrapped
+        get_task = getattr(base, "get_task", None)
+        if get_task is None:
+            return []
+        seed = DEMO_SEED
+        while len(out) < n and seed < DEMO_SEED + 20 * n:
+            obs, info = env.reset(seed=seed)
+            seed += 1
+            task_id = info.get("task_id") or task_id_of(env, seed - 1)
+            if exclude and task_id in exclude:
+                continue
+            try:
+                solution = get_task(task_id).metadata.get("canonical_solution")
+            except ConfigError:  # an environment that cannot look its tasks up by id
+                return []
+            if not isinstance(solution, str) or not solution.strip():
+                return []  # this environment has no reference solutions
+            reply = {"role": "assistant", "content": f"```python\n{solution.rstrip()}\n```"}
+            messages: list[Message] = [dict(m) for m in obs]
+            out.append(([*messages, reply], list(info.get("tools") or [])))
+    finally:
+        env.close()
+    return out
+
+
+def encode_demonstration(
+    tokenizer: Any, messages: Sequence[Message], tools: Sequence[Any]
+) -> tuple[list[int], list[int]]:
+    """Token ids of the conversation and a 0/1 mask over the assistant turns' tokens."""
+    from areal_agents.policies.templates import render_prompt
+
+    def ids(upto: int, gen: bool) -> list[int]:
+        text = render_prompt(tokenizer, messages[:upto], tools, add_generation_prompt=gen)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    full = ids(len(messages), False)
+    mask = [0] * len(full)
+    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start, stop = ids(k, True), ids(k + 1, False)
+        if full[: len(stop)] != stop or stop[: len(start)] != start:
+            raise ValueError("the chat template does not tokenise prefix-consistently")
+        end = len(stop)
+        while end > len(start) and stop[end - 1] != end_id:  # train up to <|im_end|>
+            end -= 1
+        for i in range(len(start), end):
+            mask[i] = 1
+    return full, mask
+
+
+def run_warm_start(
+    cfg: TrainConfig, model_dir: Path, run_dir: Path, exclude: frozenset[str] | None = None
+) -> dict[str, Any] | None:
+    """Fine-tune the model in ``model_dir`` for ``cfg.warm_start.steps`` steps and save it to
+    ``<run_dir>/warm_start``; returns what was done (``steps``, ``demos``, ``losses``,
+    ``train_s``, also written to ``<run_dir>/warm_start.json``), or None when it does not apply
+    (``steps=0``, or no reference solutions). A complete one (a killed run's) is reused."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from areal_agents.files import read_json
+
+    ws = cfg.warm_start
+    if ws.steps == 0:
+        return None
+    out = run_dir / "warm_start"
+    if (out / "warm_start.json").is_file():
+        return dict(read_json(out / "warm_start.json"))
+    demos = demonstrations(cfg, ws.steps * ws.batch_size, exclude)
+    if not demos:
+        print(f"warm start skipped: {cfg.env.name}'s tasks carry no reference solution")
+        return None
+    start = time.perf_counter()
+    threads = torch.get_num_threads()
+    if cfg.trainer.torch_threads:  # as the learners: OpenMP threads spin against each other
+        torch.set_num_threads(cfg.trainer.torch_threads)  # on a small busy machine
+    torch.manual_seed(cfg.trainer.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    policy: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    policy.train()
+    data = [encode_demonstration(tokenizer, m, t) for m, t in demos]
+    random.Random(cfg.trainer.seed).shuffle(data)
+    opt = torch.optim.AdamW(policy.parameters(), lr=ws.lr, weight_decay=0.0)
+    losses: list[float] = []
+    for step in range(ws.steps):
+        rows = data[step * ws.batch_size : (step + 1) * ws.batch_size]
+        targets = sum(sum(mask) - 1 for _, mask in rows) or 1
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for row_ids, row_mask in rows:  # one at a time: no padding, little memory
+            ids = torch.tensor([row_ids])
+            where = torch.tensor(row_mask[1:], dtype=torch.bool)  # predict t+1 from t
+            hidden = policy.model(input_ids=ids).last_hidden_state[0, :-1][where]
+            logits = policy.lm_head(hidden).float()
+            loss = torch.nn.functional.cross_entropy(logits, ids[0, 1:][where], reduction="sum")
+            (loss / targets).backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+        losses.append(round(total / targets, 4))
+        print(f"warm start step {step + 1}/{ws.steps}: loss {losses[-1]:.4f}", flush=True)
+    info = {
+        "steps": ws.steps,
+        "batch_size": ws.batch_size,
+        "lr": ws.lr,
+        "demos": len(data),
+        "losses": losses,
+        "train_s": round(time.perf_counter() - start, 1),
+    }
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    template = model_dir / "chat_template.jinja"
+    if template.is_file():  # the tool template travels with the weights
+        shutil.copy(template, tmp / "chat_template.jinja")
+    write_json(tmp / "warm_start.json", info)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    write_json(run_dir / "warm_start.json", info)
+    del policy, opt
+    torch.set_num_threads(threads)
+    return info
+
+
+def warm_start_info(run_dir: Path) -> dict[str, Any] | None:
+    """What the run's warm start did (``<run>/warm_start.json``), or None if it had none."""
+    from areal_agents.files import read_json
+
+    path = run_dir / "warm_start.json"
+    return dict(read_json(path)) if path.is_file() else None
+
+
+def lean_finished_run(run_dir: Path, checkpoint: Path | None) -> None:
+    """Trim a finished run's directory to the final weights plus a small resumable checkpoint:
+    the warm-started copy of the model goes (a resumed run starts from the checkpoint, which
+    holds every weight), and the last checkpoint keeps the model but drops the optimizer state
+    (twice the model's size in fp32 with AdamW); a run extended from it (a larger
+    ``trainer.total_steps``) starts with fresh optimizer moments."""
+    import torch
+
+    shutil.rmtree(run_dir / "warm_start", ignore_errors=True)
+    if checkpoint is None:
+        return
+    learner = checkpoint / "learner"
+    state_path, schedule_path = learner / "learner.pt", learner / "schedule.pt"
+    if not state_path.is_file() or not schedule_path.is_file():
+        return
+    schedule = torch.load(schedule_path, map_location="cpu", weights_only=False)
+    if schedule.get("optimizer") is False:
+        return
+    state = torch.load(state_path, map_location="cpu", weights_only=False)
+    for key in ("optimizer", "critic_optimizer"):
+        state.pop(key, None)
+    tmp = state_path.with_name("learner.pt.tmp")
+    torch.save(state, tmp)
+    del state
+    os.replace(tmp, state_path)
+    schedule["optimizer"] = False  # read by every rank: none of them loads optimizer state
+    torch.save(schedule, schedule_path.with_name("schedule.pt.tmp"))
+    os.replace(schedule_path.with_name("schedule.pt.tmp"), schedule_path)

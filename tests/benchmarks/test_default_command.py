@@ -1,0 +1,45 @@
+"""benchmarks/default_command.py derives its figures from a run's summary and metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.default_command import collect, plot
+
+
+def test_collect_splits_the_warm_start_gain_from_the_rl_gain(tmp_path: Path) -> None:
+    summary = {
+        "env": "code_sandbox",
+        "steps": 3,
+        "wall_s": 600.0,
+        "stop_reason": "time_budget",
+        "time_to_first_step_s": 300.0,
+        "time_to_first_step_without_eval_s": 120.0,
+        "warm_start": {"steps": 4},
+        "held_out": {
+            "tasks": 64,
+            "seed": 0,
+            "base": {"success": 0.25},
+            "before": {"success": 0.5},
+            "after": {"success": 0.625},
+        },
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    rows = [{"time/elapsed_s": 100.0 * i, "reward/mean": 0.25 * i} for i in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = collect(tmp_path, [(30, 4.0), (60, 6.0)])
+    held = result["held_out"]
+    assert (held["base"], held["after_warm_start"], held["after_rl"]) == (0.25, 0.5, 0.625)
+    assert held["gain_points"] == 37.5  # base -> after RL, the command's whole gain
+    assert held["warm_start_gain_points"] == 25.0 and held["rl_gain_points"] == 12.5
+    assert result["reward_curve"] == [[100.0, 0.25], [200.0, 0.5]]
+    assert result["load_average_1m"]["mean"] == 5.0 and result["load_average_1m"]["max"] == 6.0
+    # without a warm start the gain is before -> after
+    summary["held_out"].pop("base")
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    held = collect(tmp_path)["held_out"]
+    assert held["gain_points"] == 12.5 and held["warm_start_gain_points"] is None
+    png = tmp_path / "curve.png"
+    plot([{**collect(tmp_path), "seed": 0}], png)
+    assert png.stat().st_size > 1000

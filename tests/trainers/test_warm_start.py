@@ -1,0 +1,101 @@
+"""The supervised warm start the main command runs before RL on the code environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from areal_agents.config import load_config
+from areal_agents.envs.registry import make_env
+from areal_agents.errors import ConfigError
+from areal_agents.trainers.config import TrainConfig
+from areal_agents.trainers.held_out import held_out_task_ids
+from areal_agents.trainers.modeling import tiny_model_path
+from areal_agents.trainers.warm_start import (
+    demonstrations,
+    encode_demonstration,
+    lean_finished_run,
+)
+
+CODE = ["env=code_sandbox", "env.kwargs={sandbox_backend: process}", "eval.held_out_tasks=8"]
+
+
+def test_the_default_command_is_the_recipe() -> None:
+    cfg = load_config(TrainConfig, [])
+    assert cfg.env.name == "code_sandbox" and cfg.warm_start.steps > 0
+    assert cfg.trainer.time_budget_s is not None and cfg.trainer.time_budget_s <= 20 * 60
+    assert cfg.algo.loss == "decoupled_ppo" and cfg.trainer.max_staleness == 1
+    assert load_config(TrainConfig, ["warm_start.steps=0"]).warm_start.steps == 0
+    with pytest.raises(ConfigError, match=r"warm_start\.batch_size"):
+        load_config(TrainConfig, ["warm_start.batch_size=0"])
+
+
+def test_demonstrations_are_correct_solutions_of_non_held_out_tasks() -> None:
+    cfg = load_config(TrainConfig, CODE)
+    held_out = held_out_task_ids(cfg)
+    assert held_out
+    demos = demonstrations(cfg, 6, held_out)
+    assert len(demos) == 6
+    env = make_env(cfg.env.name, **cfg.env.make_kwargs())
+    try:
+        for messages, tools in demos:
+            assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+            assert {t["function"]["name"] for t in tools} == {"python", "submit"}
+            task = env.unwrapped.get_task(_task_id(env, messages))
+            assert task.id not in held_out
+            env.reset(options={"task_id": task.id})
+            _, reward, terminated, _, _ = env.step(messages[-1]["content"])
+            assert terminated and reward == 1.0  # the reference solution passes the tests
+    finally:
+        env.close()
+    # an environment without reference solutions gets no demonstrations (and no warm start)
+    assert demonstrations(load_config(TrainConfig, ["env=calculator"]), 4) == []
+
+
+def _task_id(env: object, messages: list[dict[str, object]]) -> str:
+    """The procedural task whose prompt is the demonstration's user message."""
+    prompt = str(messages[1]["content"])
+    base = env.unwrapped  # type: ignore[attr-defined]
+    for seed in range(1_500_000_000, 1_500_000_200):
+        _, info = env.reset(seed=seed)  # type: ignore[attr-defined]
+        if base.get_task(info["task_id"]).prompt == prompt:
+            return str(info["task_id"])
+    raise AssertionError("demonstration task not found")
+
+
+def test_the_loss_mask_covers_the_assistant_reply_through_im_end() -> None:
+    from transformers import AutoTokenizer
+
+    cfg = load_config(TrainConfig, CODE)
+    (messages, tools), *_ = demonstrations(cfg, 1)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    ids, mask = encode_demonstration(tokenizer, messages, tools)
+    assert len(ids) == len(mask) and 0 < sum(mask) < len(mask)
+    first = mask.index(1)
+    assert all(mask[first:]) or mask[first:].count(0) <= 2  # trailing newline after <|im_end|>
+    trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert trained.startswith("```python\n") and trained.endswith("```<|im_end|>")
+    assert str(messages[1]["content"]) not in trained  # the prompt is not trained on
+
+
+def test_a_finished_run_keeps_no_optimizer_state_nor_the_warm_start_copy(tmp_path: Path) -> None:
+    learner = tmp_path / "checkpoints" / "step_000003" / "learner"
+    learner.mkdir(parents=True)
+    weights = torch.zeros(1000)
+    torch.save(
+        {"model": {"w": weights}, "optimizer": {"state": {0: torch.zeros(2000)}}},
+        learner / "learner.pt",
+    )
+    torch.save({"step": 3, "scheduler": {}}, learner / "schedule.pt")
+    (tmp_path / "warm_start").mkdir()
+    (tmp_path / "warm_start" / "model.safetensors").write_bytes(b"x" * 100)
+    lean_finished_run(tmp_path, learner.parent)
+    assert not (tmp_path / "warm_start").exists()
+    state = torch.load(learner / "learner.pt", weights_only=False)
+    assert set(state) == {"model"} and torch.equal(state["model"]["w"], weights)
+    schedule = torch.load(learner / "schedule.pt", weights_only=False)
+    assert schedule["optimizer"] is False and schedule["step"] == 3
+    lean_finished_run(tmp_path, learner.parent)  # idempotent
+    assert set(torch.load(learner / "learner.pt", weights_only=False)) == {"model"}
