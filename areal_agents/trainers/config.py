@@ -471,15 +471,16 @@ class WarmStartConfig:
 
 
 def _recipe_algo() -> AlgoConfig:
-    """The default algorithm: GRPO advantages with the decoupled PPO loss (safe when async)."""
-    return AlgoConfig.from_name("grpo").replace(loss="decoupled_ppo")
+    """The default algorithm: the ``grpo`` preset, GRPO advantages with ``loss=auto`` (the
+    decoupled PPO loss in async, which the default mode is; PPO clipping in sync)."""
+    return AlgoConfig.from_name("grpo")
 
 
 def _recipe_trainer() -> TrainerConfig:
-    """The default loop, sized for a 2-core CPU machine: async with staleness 1, 16 episodes a
-    step, one torch thread per process, and a 10-minute training budget."""
+    """The default loop, sized for a 2-core CPU machine: async (with the mode's default
+    staleness, so that ``trainer.mode=sync`` needs no other change), 16 episodes a step, one
+    torch thread per process, and a 10-minute training budget."""
     return TrainerConfig(
-        max_staleness=1,
         total_steps=1000,  # an upper bound: the time budget stops the run
         groups_per_step=4,
         lr=2e-5,

@@ -26,7 +26,11 @@ def test_the_default_command_is_the_recipe() -> None:
     cfg = load_config(TrainConfig, [])
     assert cfg.env.name == "code_sandbox" and cfg.warm_start.steps > 0
     assert cfg.trainer.time_budget_s is not None and cfg.trainer.time_budget_s <= 20 * 60
-    assert cfg.algo.loss == "decoupled_ppo" and cfg.trainer.max_staleness == 1
+    assert cfg.trainer.mode == "async" and cfg.trainer.effective_max_staleness == 2
+    assert cfg.algo.for_mode(cfg.trainer.mode).loss == "decoupled_ppo"
+    sync = load_config(TrainConfig, ["trainer.mode=sync"])  # the default is one key from sync
+    assert sync.trainer.effective_max_staleness == 0
+    assert sync.algo.for_mode(sync.trainer.mode).loss == "ppo_clip"
     assert load_config(TrainConfig, ["warm_start.steps=0"]).warm_start.steps == 0
     with pytest.raises(ConfigError, match=r"warm_start\.batch_size"):
         load_config(TrainConfig, ["warm_start.batch_size=0"])
