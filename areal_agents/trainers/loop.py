@@ -22,7 +22,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from tqdm import tqdm
 
 from areal_agents.envs.registry import make_env
 from areal_agents.errors import AgentsError
-from areal_agents.files import read_json, read_jsonl, write_json
+from areal_agents.files import read_json, write_json
 from areal_agents.trainers.buffer import Group, TrajectoryBuffer
 from areal_agents.trainers.checkpoint import CheckpointManager, load_rng, save_rng
 from areal_agents.trainers.cluster import spread
@@ -69,6 +68,13 @@ from areal_agents.trainers.runtime import (
     start_ray,
     stop_ray,
     worker_env,
+)
+from areal_agents.trainers.step_records import (
+    print_summary,
+    sample_transcripts,
+    step_metrics,
+    waiting_postfix,
+    write_transcript_viewer,
 )
 from areal_agents.trainers.stop import GracefulStop, StartupClock
 from areal_agents.trainers.warm_start import lean_finished_run, run_warm_start, warm_start_info
@@ -447,57 +453,6 @@ def wait_for_batch(
         time.sleep(poll_s)
 
 
-def waiting_postfix(stats: dict[str, float]) -> str:
-    """The progress bar's note while the learner waits for a batch.
-
-    >>> waiting_postfix({"buffer/ready": 0, "buffer/in_flight": 0})
-    'starting: no group admitted yet (servers and rollout workers loading)'
-    >>> waiting_postfix({"buffer/ready": 1, "buffer/in_flight": 3})
-    'generating: 1 groups ready, 3 in flight'
-    """
-    ready, in_flight = int(stats["buffer/ready"]), int(stats["buffer/in_flight"])
-    if ready == 0 and in_flight == 0:
-        return "starting: no group admitted yet (servers and rollout workers loading)"
-    return f"generating: {ready} groups ready, {in_flight} in flight"
-
-
-def step_metrics(
-    step: int,
-    groups: list[Group],
-    learn: dict[str, float],
-    buffer_stats: dict[str, float],
-    times: dict[str, float],
-) -> dict[str, Any]:
-    """One line of ``metrics.jsonl``."""
-    trajs = [t for g in groups for t in g.trajectories]
-    rewards = [t.reward for t in trajs]
-    policy_tokens = sum(t.num_policy_tokens for t in trajs)
-    trained_version = step - 1  # the weights this batch was trained on
-    staleness = [trained_version - t.min_version for t in trajs if t.min_version >= 0]
-    return {
-        "version": step,
-        "reward/mean": statistics.fmean(rewards),
-        "reward/std": statistics.pstdev(rewards),
-        "reward/max": max(rewards),
-        "episodes": len(trajs),
-        "episode/truncated_frac": statistics.fmean(float(t.truncated) for t in trajs),
-        "tokens/policy": policy_tokens,
-        "tokens/total": sum(len(t.sequence_ids) for t in trajs),
-        "staleness/max": max(staleness, default=0),
-        "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
-        "throughput/tokens_per_s": policy_tokens / max(times["step_s"], 1e-9),
-        **{f"time/{k}": v for k, v in times.items()},
-        **learn,
-        **buffer_stats,
-        "batch/task_indices": [g.task.index for g in groups],
-        "batch/traj_ids": [t.metadata.traj_id for t in trajs],
-    }
-
-
-def sample_transcripts(groups: list[Group], n: int) -> list[dict[str, Any]]:
-    return [row for g in groups for row in g.transcripts][:n]
-
-
 def save_checkpoint(
     ckpt: CheckpointManager, step: int, learners: LearnerGroup, buffer: Any, elapsed_s: float
 ) -> Path:
@@ -508,33 +463,6 @@ def save_checkpoint(
     save_rng(tmp / "rng.pkl")
     write_json(tmp / "trainer.json", {"step": step, "version": step, "elapsed_s": elapsed_s})
     return ckpt.commit(tmp, step)
-
-
-def write_transcript_viewer(run_dir: Path, summary: dict[str, Any]) -> None:
-    """``transcripts.html``: the sampled episodes in the eval transcript viewer."""
-    try:
-        from areal_agents.eval_viewer import write_viewer
-    except ImportError:  # the viewer ships with the eval command
-        return
-    records = read_jsonl(run_dir / "transcripts.jsonl", torn_ok=True)
-    write_viewer(run_dir / "transcripts.html", records, {"pass_threshold": 1.0, **summary})
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    keys = (
-        "steps",
-        "stop_reason",
-        "final_version",
-        "reward_first",
-        "reward_last",
-        "episodes",
-        "dropped_episodes",
-        "tokens_per_s_mean",
-        "wall_s",
-        "time_to_first_step_s",
-        "run_dir",
-    )
-    print("summary: " + ", ".join(f"{k}={summary.get(k)}" for k in keys))
 
 
 def shutdown(

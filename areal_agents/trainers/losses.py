@@ -39,7 +39,8 @@ import torch
 from torch import Tensor
 
 from areal_agents.errors import ConfigError, did_you_mean
-from areal_agents.trainers.masked import masked_max, masked_mean, masked_min, masked_sum
+from areal_agents.trainers.aggregation import AGGREGATIONS, aggregate, aggregation_normalizer
+from areal_agents.trainers.masked import masked_max, masked_mean, masked_min
 
 __all__ = [
     "AGGREGATIONS",
@@ -64,8 +65,6 @@ __all__ = [
     "resolve_loss",
 ]
 
-#: The explicit ways of turning a per-token loss ``[B, T]`` into a scalar.
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_norm")
 #: Schulman's estimators of KL(pi || pi_ref) from samples of pi.
 KL_ESTIMATORS = ("k1", "k2", "k3")
 #: What a loss may declare as its proximal policy (see the module docstring).
@@ -102,78 +101,6 @@ class LossKnobs(Protocol):
     def entropy_coef(self) -> float: ...
     @property
     def max_log_ratio(self) -> float: ...
-
-
-# --- aggregation ------------------------------------------------------------------------------
-
-
-def aggregation_normalizer(mask: Tensor, mode: str, *, norm_tokens: int | None = None) -> Tensor:
-    """The denominator :func:`aggregate` divides by, over the rows of ``mask`` ``[B, T]``.
-
-    ``token_mean``: the number of policy tokens; ``seq_mean_token_mean``: the number of rows
-    with policy tokens; ``seq_sum_norm``: ``B * L`` (``L = norm_tokens``, else ``T``). A learner
-    computes it over a whole minibatch and passes it to every micro-batch's :func:`aggregate`.
-    Never below 1 for the counts.
-
-    >>> m = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    >>> [float(aggregation_normalizer(m, a)) for a in AGGREGATIONS]
-    [2.0, 1.0, 6.0]
-    """
-    maskf = mask.float()
-    if mode == "token_mean":
-        return maskf.sum().clamp(min=1.0)
-    if mode == "seq_mean_token_mean":
-        return (maskf.sum(1) > 0).float().sum().clamp(min=1.0)
-    if mode == "seq_sum_norm":
-        length = mask.shape[1] if norm_tokens is None else norm_tokens
-        return torch.tensor(float(mask.shape[0] * length))
-    raise ConfigError(
-        f"algo.aggregation={mode!r} is unknown"
-        + did_you_mean(mode, AGGREGATIONS)
-        + f"; choose one of {list(AGGREGATIONS)}"
-    )
-
-
-def aggregate(
-    x: Tensor,
-    mask: Tensor,
-    mode: str,
-    *,
-    norm_tokens: int | None = None,
-    normalizer: float | Tensor | None = None,
-) -> Tensor:
-    """Reduce a per-token ``[B, T]`` tensor to a scalar over the policy tokens.
-
-    * ``token_mean`` — sum over all policy tokens / their number (DAPO, TRL ``bnpo``).
-    * ``seq_mean_token_mean`` — mean over rows with policy tokens of each row's token mean
-      (GRPO as published, TRL ``grpo``).
-    * ``seq_sum_norm`` — sum over all policy tokens / (B * L) with ``L = norm_tokens`` or, when
-      None, the ``T`` of the batch (Dr. GRPO, TRL ``dr_grpo`` with ``L = max_completion_length``).
-
-    The denominator is :func:`aggregation_normalizer` of ``mask``; ``normalizer`` replaces it
-    with one computed over a larger batch, so that micro-batch losses *sum* to the full-batch
-    value under gradient accumulation.
-
-    >>> x = torch.tensor([[1.0, 3.0, 0.0], [5.0, 0.0, 0.0]])
-    >>> m = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    >>> aggregate(x, m, "token_mean"), aggregate(x, m, "seq_mean_token_mean")
-    (tensor(3.), tensor(3.5000))
-    >>> aggregate(x, m, "seq_sum_norm", norm_tokens=4)
-    tensor(1.1250)
-    """
-    if normalizer is None:
-        normalizer = aggregation_normalizer(mask, mode, norm_tokens=norm_tokens).to(x.dtype)
-    if mode == "seq_mean_token_mean":
-        maskf = mask.to(x.dtype)
-        per_row = masked_sum(x, mask, dim=1) / maskf.sum(1).clamp(min=1.0)  # [B]
-        return (per_row * (maskf.sum(1) > 0).to(x.dtype)).sum() / normalizer
-    if mode in AGGREGATIONS:
-        return masked_sum(x, mask) / normalizer
-    raise ConfigError(
-        f"algo.aggregation={mode!r} is unknown"
-        + did_you_mean(mode, AGGREGATIONS)
-        + f"; choose one of {list(AGGREGATIONS)}"
-    )
 
 
 def _log_ratio(a: Tensor, b: Tensor, limit: float | None) -> Tensor:
