@@ -89,7 +89,10 @@ class WeightVersionMiddleware:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        if scope.get("method") == "POST" and str(scope.get("path", "")).startswith("/v1/"):
+        path = str(scope.get("path", ""))
+        # generation routes wait out a pause; the adapter routes a LoRA push calls while the
+        # engine is paused must not (holding them deadlocks the push)
+        if scope.get("method") == "POST" and path.startswith("/v1/") and "lora_adapter" not in path:
             await self._wait_resumed(scope)
         start = await self._current(scope)
         names = (START_HEADER.lower().encode(), END_HEADER.lower().encode())
