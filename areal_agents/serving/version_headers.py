@@ -16,11 +16,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["END_HEADER", "START_HEADER", "WeightVersionMiddleware"]
+__all__ = ["END_HEADER", "GENERATION_PATHS", "START_HEADER", "WeightVersionMiddleware"]
 
 # the same names as areal_agents.policies.versions (not imported: this module stands alone)
 START_HEADER = "X-Weight-Version-Start"
 END_HEADER = "X-Weight-Version"
+#: The OpenAI routes that generate tokens: only these wait out a pause. Every other route (the
+#: LoRA adapter loads a push makes while the engine is paused, above all) passes at once.
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -39,9 +42,9 @@ def _parse(value: object) -> str:
 class WeightVersionMiddleware:
     """ASGI middleware for vLLM's OpenAI server: version headers on every HTTP response.
 
-    A generation request (``POST /v1/...``) that arrives while the engine is paused for a weight
-    update waits here until it resumes (vLLM would hold it anyway), so its start version is the
-    one that generates it, not the one being replaced.
+    A generation request (``POST`` to one of :data:`GENERATION_PATHS`) that arrives while the
+    engine is paused for a weight update waits here until it resumes (vLLM would hold it
+    anyway), so its start version is the one that generates it, not the one being replaced.
 
     Args:
         app: the wrapped ASGI application.
@@ -89,10 +92,7 @@ class WeightVersionMiddleware:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        path = str(scope.get("path", ""))
-        # generation routes wait out a pause; the adapter routes a LoRA push calls while the
-        # engine is paused must not (holding them deadlocks the push)
-        if scope.get("method") == "POST" and path.startswith("/v1/") and "lora_adapter" not in path:
+        if scope.get("method") == "POST" and scope.get("path") in GENERATION_PATHS:
             await self._wait_resumed(scope)
         start = await self._current(scope)
         names = (START_HEADER.lower().encode(), END_HEADER.lower().encode())

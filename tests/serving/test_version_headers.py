@@ -78,6 +78,10 @@ def _vllm_like(served: Served) -> Any:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter() -> dict[str, str]:
+        return {"status": "loaded"}
+
     return WeightVersionMiddleware(app, version=served.get, paused=served.is_paused)
 
 
@@ -140,6 +144,23 @@ def test_a_request_arriving_while_paused_waits_and_starts_under_the_new_version(
         response = asyncio.run(scenario(url))
     assert response.headers[START_HEADER] == response.headers[END_HEADER] == "5"
     assert response_version(response.headers) == 5
+
+
+def test_an_adapter_load_during_a_pause_is_not_held() -> None:
+    """A LoRA push loads its adapter while the engine is paused: holding that request until the
+    resume, which comes after it, deadlocked every push to vLLM."""
+    served = Served()
+    served.paused = True
+
+    async def scenario(url: str) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = {"lora_name": "policy-lora", "lora_path": "/nowhere", "load_inplace": True}
+            return await asyncio.wait_for(client.post(f"{url}/load_lora_adapter", json=body), 5)
+
+    with _serving(_vllm_like(served)) as url:
+        response = asyncio.run(scenario(url))
+    assert response.status_code == 200 and response.json() == {"status": "loaded"}
+    assert served.paused  # answered while still paused
 
 
 def test_the_builtin_server_sends_the_same_headers(model_dir: Path) -> None:
