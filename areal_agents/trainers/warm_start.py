@@ -29,6 +29,7 @@ from areal_agents.errors import ConfigError
 from areal_agents.files import write_json
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.data import task_id_of
+from areal_agents.types import Message as TypedMessage
 
 __all__ = [
     "DEMO_SEED",
@@ -80,20 +81,21 @@ def demonstrations(
 
 
 def encode_demonstration(
-    tokenizer: Any, messages: Sequence[Message], tools: Sequence[Any]
+    tokenizer: Any, messages: Sequence[Message | TypedMessage], tools: Sequence[Any]
 ) -> tuple[list[int], list[int]]:
-    """Token ids of the conversation and a 0/1 mask over the assistant turns' tokens."""
-    from areal_agents.policies.templates import render_prompt
+    """Token ids of the conversation and a 0/1 mask over the assistant turns' tokens, each up
+    to its ``<|im_end|>`` (messages as dicts or :class:`~areal_agents.types.Message`)."""
+    from areal_agents.policies.templates import render_prompt_ids
 
     def ids(upto: int, gen: bool) -> list[int]:
-        text = render_prompt(tokenizer, messages[:upto], tools, add_generation_prompt=gen)
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        return render_prompt_ids(tokenizer, messages[:upto], tools, add_generation_prompt=gen)
 
     full = ids(len(messages), False)
     mask = [0] * len(full)
     end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for k, message in enumerate(messages):
-        if message["role"] != "assistant":
+        role = message["role"] if isinstance(message, Mapping) else message.role
+        if role != "assistant":
             continue
         start, stop = ids(k, True), ids(k + 1, False)
         if full[: len(stop)] != stop or stop[: len(start)] != start:

@@ -30,35 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from areal_agents.trainers.warm_start import encode_demonstration
+
 __all__ = ["encode_demonstration", "main", "warm_start"]
-
-
-def encode_demonstration(
-    tokenizer: Any, messages: Sequence[Any], tools: Sequence[Any]
-) -> tuple[list[int], list[int]]:
-    """Token ids of the whole conversation and a 0/1 mask over the assistant turns' tokens."""
-    from areal_agents.policies.templates import render_prompt
-
-    def ids(upto: int, gen: bool) -> list[int]:
-        text = render_prompt(tokenizer, messages[:upto], tools, add_generation_prompt=gen)
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    full = ids(len(messages), False)
-    mask = [0] * len(full)
-    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    for k, message in enumerate(messages):
-        if message.role != "assistant":
-            continue
-        start = ids(k, True)
-        stop = ids(k + 1, False)
-        if full[: len(stop)] != stop or stop[: len(start)] != start:
-            raise ValueError("the template does not tokenise prefix-consistently")
-        end = len(stop)
-        while end > len(start) and stop[end - 1] != end_id:  # train up to <|im_end|>
-            end -= 1
-        for i in range(len(start), end):
-            mask[i] = 1
-    return full, mask
 
 
 def warm_start(
