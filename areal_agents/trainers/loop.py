@@ -160,8 +160,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 )
             before = held_out_before(cfg, servers, run_dir, client_model, fresh=resume_from is None)
             clock.mark("eval_before_s")
-            if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
-                workers = start_workers(
+
+            def start_rollouts() -> tuple[list[Any], list[Any]]:
+                """The rollout workers on the servers in use, each already running."""
+                started = start_workers(
                     cfg,
                     servers,
                     shared_dir,
@@ -170,7 +172,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     template,
                     model=client_model,
                 )
-                runs = [w.run.remote() for w in workers]
+                return started, [w.run.remote() for w in started]
+
+            if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
+                workers, runs = start_rollouts()
             learners = building.result()
         clock.mark("learners_s")  # the part of the learners' load that servers did not overlap
         threads = {
@@ -187,16 +192,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             sync.push(learners, step)  # the servers start from the base weights
             ray.get(buffer.set_version.remote(version=step))
             # ---- rollout workers generate in the background from here on -----------------
-            workers = start_workers(
-                cfg,
-                servers,
-                shared_dir,
-                buffer,
-                held_out or frozenset(),
-                template,
-                model=client_model,
-            )
-            runs = [w.run.remote() for w in workers]
+            workers, runs = start_rollouts()
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
 
         start = time.perf_counter() - elapsed_before
