@@ -18,8 +18,7 @@ from __future__ import annotations
 import functools
 import random
 import textwrap
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,21 @@ import numpy as np
 
 from areal_agents.envs.base import Task
 from areal_agents.envs.tasks.base import ListTaskSource, read_jsonl
+from areal_agents.envs.tasks.code_templates import CODE_TEMPLATES, CodeTemplate
 from areal_agents.errors import ConfigError, DependencyError, did_you_mean
 
 __all__ = [
     "CODE_TEMPLATES",
+    "DIFFICULTIES",
     "CodeTemplate",
     "ProceduralCodeTasks",
     "code_tasks_from_jsonl",
     "humaneval_path",
     "humaneval_tasks",
 ]
+
+DIFFICULTIES = ("medium", "easy", "all")
+"""The procedural tasks' levels (``difficulty=``): one level's templates, or every one."""
 
 _SUBMIT_HINT = "Reply with the complete function in a ```python code block."
 
@@ -106,216 +110,53 @@ def code_tasks_from_jsonl(path: str | Path) -> ListTaskSource:
 # ---- procedural generator ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CodeTemplate:
-    """One family of easy function-writing tasks.
-
-    ``describe`` and ``body`` are format strings over the constants that ``constants`` draws;
-    ``inputs`` draws one argument tuple. The expected outputs come from running the canonical
-    solution (our own code, on the host), so a template cannot state a wrong answer.
-    """
-
-    key: str
-    name: str
-    params: str
-    describe: str
-    body: str
-    inputs: Callable[[random.Random], tuple[Any, ...]]
-    constants: Callable[[random.Random], dict[str, Any]] = lambda rng: {}
-
-
-def _ints(rng: random.Random, lo: int = -20, hi: int = 20) -> list[int]:
-    return [rng.randint(lo, hi) for _ in range(rng.randint(1, 6))]
-
-
-def _word(rng: random.Random) -> str:
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    return "".join(rng.choice(letters) for _ in range(rng.randint(1, 7)))
-
-
-def _maybe_palindrome(rng: random.Random) -> str:
-    word = _word(rng)
-    if rng.random() < 0.5:
-        return word
-    return word + word[::-1][rng.randint(0, 1) :]
-
-
-def _sentence(rng: random.Random) -> str:
-    return " ".join(_word(rng) for _ in range(rng.randint(1, 4)))
-
-
-CODE_TEMPLATES: tuple[CodeTemplate, ...] = (
-    CodeTemplate(
-        "add",
-        "add",
-        "a, b",
-        "returns the sum of the integers `a` and `b`",
-        "return a + b",
-        lambda r: (r.randint(-50, 50), r.randint(-50, 50)),
-    ),
-    CodeTemplate(
-        "subtract",
-        "subtract",
-        "a, b",
-        "returns `a` minus `b`",
-        "return a - b",
-        lambda r: (r.randint(-50, 50), r.randint(-50, 50)),
-    ),
-    CodeTemplate(
-        "multiply",
-        "multiply",
-        "a, b",
-        "returns the product of the integers `a` and `b`",
-        "return a * b",
-        lambda r: (r.randint(-12, 12), r.randint(-12, 12)),
-    ),
-    CodeTemplate(
-        "add_k",
-        "add_{k}",
-        "n",
-        "returns `n` plus {k}",
-        "return n + {k}",
-        lambda r: (r.randint(-100, 100),),
-        lambda r: {"k": r.randint(2, 20)},
-    ),
-    CodeTemplate(
-        "max_list",
-        "max_of_list",
-        "xs",
-        "returns the largest number in the non-empty list `xs`",
-        "return max(xs)",
-        lambda r: (_ints(r),),
-    ),
-    CodeTemplate(
-        "min_list",
-        "min_of_list",
-        "xs",
-        "returns the smallest number in the non-empty list `xs`",
-        "return min(xs)",
-        lambda r: (_ints(r),),
-    ),
-    CodeTemplate(
-        "sum_list",
-        "sum_list",
-        "xs",
-        "returns the sum of the numbers in the list `xs` (0 for an empty list)",
-        "return sum(xs)",
-        lambda r: (_ints(r) if r.random() < 0.9 else [],),
-    ),
-    CodeTemplate(
-        "reverse",
-        "reverse_string",
-        "s",
-        "returns the string `s` reversed",
-        "return s[::-1]",
-        lambda r: (_word(r),),
-    ),
-    CodeTemplate(
-        "upper",
-        "to_upper",
-        "s",
-        "returns the string `s` in upper case",
-        "return s.upper()",
-        lambda r: (_sentence(r),),
-    ),
-    CodeTemplate(
-        "is_even",
-        "is_even",
-        "n",
-        "returns True if the integer `n` is even and False otherwise",
-        "return n % 2 == 0",
-        lambda r: (r.randint(-30, 30),),
-    ),
-    CodeTemplate(
-        "count_vowels",
-        "count_vowels",
-        "s",
-        "returns how many vowels (a, e, i, o, u) the lower-case string `s` contains",
-        "return sum(1 for c in s if c in 'aeiou')",
-        lambda r: (_sentence(r),),
-    ),
-    CodeTemplate(
-        "palindrome",
-        "is_palindrome",
-        "s",
-        "returns True if the string `s` reads the same forwards and backwards",
-        "return s == s[::-1]",
-        lambda r: (_maybe_palindrome(r),),
-    ),
-    CodeTemplate(
-        "square_all",
-        "square_all",
-        "xs",
-        "returns a new list with the square of every number in `xs`",
-        "return [x * x for x in xs]",
-        lambda r: (_ints(r, -9, 9),),
-    ),
-    CodeTemplate(
-        "greater_than",
-        "greater_than_{k}",
-        "xs",
-        "returns the numbers in `xs` that are greater than {k}, in their original order",
-        "return [x for x in xs if x > {k}]",
-        lambda r: (_ints(r),),
-        lambda r: {"k": r.randint(0, 10)},
-    ),
-    CodeTemplate(
-        "repeat",
-        "repeat_{k}",
-        "s",
-        "returns the string `s` repeated {k} times",
-        "return s * {k}",
-        lambda r: (_word(r),),
-        lambda r: {"k": r.randint(2, 4)},
-    ),
-    CodeTemplate(
-        "factorial",
-        "factorial",
-        "n",
-        "returns n! (the factorial of the non-negative integer `n`; 0! is 1)",
-        "result = 1\nfor i in range(2, n + 1):\n    result *= i\nreturn result",
-        lambda r: (r.randint(0, 10),),
-    ),
-    CodeTemplate(
-        "count_char",
-        "count_char",
-        "s, c",
-        "returns how many times the character `c` occurs in the string `s`",
-        "return s.count(c)",
-        lambda r: (_sentence(r), r.choice("aeiost")),
-    ),
-    CodeTemplate(
-        "last",
-        "last_element",
-        "xs",
-        "returns the last element of the non-empty list `xs`",
-        "return xs[-1]",
-        lambda r: (_ints(r),),
-    ),
-)
-
-
 class ProceduralCodeTasks:
-    """An unbounded, seeded stream of easy function-writing tasks with hidden asserts.
+    """An unbounded, seeded stream of function-writing tasks with hidden asserts.
 
-    Small models (SmolLM2-135M) can solve some of them, so they give a learning signal on CPU.
-    A task id is ``gen/<template>/<seed>``: the same id always gives the same task.
+    Small models (SmolLM2-135M) can solve some of them, so they give a learning signal on CPU:
+    it solves most ``easy`` tasks (one expression) as it is and about a quarter of the
+    ``medium`` ones (a condition, a loop or an edge case), which leaves training room. A task
+    id is ``gen/<template>/<seed>``: the same id always gives the same task, and any template's
+    id can be looked up (``templates`` and ``difficulty`` choose what :meth:`sample` draws).
 
     Args:
-        templates: keys of :data:`CODE_TEMPLATES` to draw from (default: all).
+        templates: keys of :data:`CODE_TEMPLATES` to draw from (default: every template of
+            ``difficulty``).
+        difficulty: the templates' level: ``"medium"`` (the default unless ``templates`` are
+            named), ``"easy"`` or ``"all"``; templates named outside it are refused.
         num_tests: hidden asserts per task; one more case is shown in the prompt as an example.
     """
 
-    def __init__(self, templates: Sequence[str] | None = None, *, num_tests: int = 5) -> None:
+    def __init__(
+        self,
+        templates: Sequence[str] | None = None,
+        *,
+        difficulty: str | None = None,
+        num_tests: int = 5,
+    ) -> None:
+        if difficulty is not None and difficulty not in DIFFICULTIES:
+            hint = did_you_mean(difficulty, DIFFICULTIES)
+            raise ConfigError(
+                f"unknown code difficulty {difficulty!r}{hint}; choose one of {DIFFICULTIES}"
+            )
         known = {t.key: t for t in CODE_TEMPLATES}
-        keys = list(templates) if templates else list(known)
+        if difficulty is None:  # the templates named, or the default level's
+            difficulty = "all" if templates else DIFFICULTIES[0]
+        level = {t.key for t in CODE_TEMPLATES if difficulty in ("all", t.level)}
+        keys = list(templates) if templates else [k for k in known if k in level]
         for key in keys:
             if key not in known:
                 hint = did_you_mean(key, known)
                 raise ConfigError(f"unknown code template {key!r}{hint}; known: {sorted(known)}")
+            if key not in level:
+                raise ConfigError(
+                    f"code template {key!r} is {known[key].level}, not {difficulty}: drop it "
+                    "or the difficulty"
+                )
         if num_tests < 1:
             raise ConfigError(f"num_tests={num_tests}: must be at least 1")
         self.templates = [known[k] for k in keys]
+        self.difficulty = difficulty
         self.num_tests = num_tests
 
     def sample(self, rng: np.random.Generator) -> Task:
@@ -326,8 +167,9 @@ class ProceduralCodeTasks:
         parts = task_id.split("/")
         if len(parts) != 3 or parts[0] != "gen" or not parts[2].isdigit():
             raise ConfigError(f"task id {task_id!r} is not of the form gen/<template>/<seed>")
-        if parts[1] not in {t.key for t in self.templates}:
-            raise ConfigError(f"task id {task_id!r}: template {parts[1]!r} is not enabled here")
+        if parts[1] not in {t.key for t in CODE_TEMPLATES}:
+            hint = did_you_mean(parts[1], [t.key for t in CODE_TEMPLATES])
+            raise ConfigError(f"task id {task_id!r}: no code template {parts[1]!r}{hint}")
         return self.make(parts[1], int(parts[2]))
 
     def make(self, key: str, seed: int) -> Task:

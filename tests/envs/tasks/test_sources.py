@@ -38,17 +38,36 @@ def test_humaneval_ships_164_problems_with_tests() -> None:
 
 
 def test_procedural_tasks_are_seeded_and_regenerate_from_their_id() -> None:
-    source = ProceduralCodeTasks()
+    source = ProceduralCodeTasks(difficulty="all")
     a = [source.sample(np.random.default_rng(0)) for _ in range(3)]
     b = [source.sample(np.random.default_rng(0)) for _ in range(3)]
     assert a == b
-    drawn = {source.sample(np.random.default_rng(s)).id for s in range(200)}
+    drawn = {source.sample(np.random.default_rng(s)).id for s in range(600)}
     assert len({i.split("/")[1] for i in drawn}) == len(CODE_TEMPLATES)  # every template comes up
     assert all(source.get(i).metadata["entry_point"].isidentifier() for i in drawn)
     for task in a:
         assert source.get(task.id) == task
     with pytest.raises(ConfigError, match="gen/<template>/<seed>"):
         source.get("HumanEval/0")
+
+
+def test_difficulty_chooses_the_templates_drawn_and_any_id_can_be_looked_up() -> None:
+    level = {t.key: t.level for t in CODE_TEMPLATES}
+    for difficulty, expected in ((None, {"medium"}), ("easy", {"easy"}), ("all", None)):
+        source = ProceduralCodeTasks(difficulty=difficulty)
+        drawn = {source.sample(np.random.default_rng(s)).id.split("/")[1] for s in range(300)}
+        levels = {level[k] for k in drawn}
+        assert levels == (expected or {"easy", "medium"}), difficulty
+    medium = ProceduralCodeTasks()
+    assert medium.difficulty == "medium"
+    assert medium.get("gen/add/7") == ProceduralCodeTasks(["add"]).make("add", 7)  # any id
+    assert ProceduralCodeTasks(["add", "gcd"]).difficulty == "all"  # named: no level filter
+    with pytest.raises(ConfigError, match="'add' is easy, not medium"):
+        ProceduralCodeTasks(["add"], difficulty="medium")
+    with pytest.raises(ConfigError, match="did you mean 'medium'"):
+        ProceduralCodeTasks(difficulty="meduim")
+    with pytest.raises(ConfigError, match="no code template 'nope'"):
+        medium.get("gen/nope/1")
 
 
 def test_every_template_has_a_correct_solution_and_tests_that_catch_a_wrong_one() -> None:
