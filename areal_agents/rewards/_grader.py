@@ -150,6 +150,8 @@ def _zygote_main(fd: int) -> None:
                     with contextlib.suppress(OSError):
                         os.waitpid(pid, 0)
                     children.discard(pid)
+    except (BrokenPipeError, ConnectionResetError):
+        return  # the parent is gone (it exited while this process started): nothing to answer
     finally:
         for pid in children:
             with contextlib.suppress(OSError):

@@ -145,3 +145,23 @@ def test_no_grading_process_outlives_a_killed_parent() -> None:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids)
+
+
+def test_a_parent_that_exits_while_the_grader_starts_leaves_no_traceback() -> None:
+    """The zygote's "ready" message to a parent already gone is a broken pipe: it exits
+    quietly instead of printing a traceback into the parent's terminal."""
+    code = textwrap.dedent(
+        """
+        import os
+        from areal_agents.rewards.isolation import prewarm
+        prewarm()  # starts the grading process in the background
+        os._exit(0)  # gone before it can say it is ready
+        """
+    )
+    for _ in range(3):  # the race is the zygote's: try a few times (stderr is read to the end,
+        # which is when the orphaned zygote has closed it too)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0
+        assert "Traceback" not in proc.stderr, proc.stderr
