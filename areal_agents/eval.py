@@ -232,6 +232,9 @@ async def run_eval(cfg: EvalConfig, policy: Policy, *, env_id: str | None = None
         await asyncio.gather(*(play(*p) for p in plan))
     finally:
         bar.close()
+        close = getattr(policy, "aclose", None)
+        if close is not None:  # its connections belong to this loop, which ends with the run
+            await close()
     records.sort(key=lambda r: str(r["key"]))
     summary = summarize(records, cfg, len(dropped))
     summary["episodes_failed"] = len(failed)

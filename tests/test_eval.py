@@ -333,3 +333,29 @@ def test_a_sweep_plays_each_job_in_its_own_directory(
         assert (sweep / str(num) / ".hydra" / "overrides.yaml").is_file()
     assert last == json.loads((sweep / "1" / "summary.json").read_text())
     assert not list(cwd.iterdir())  # neither outputs/eval nor Hydra's outputs/ in the cwd
+
+
+def test_an_evaluation_closes_its_connections_before_its_loop_ends(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    """A pool left open is closed later by the garbage collector, on whatever loop runs then
+    (the trainer's next evaluation), which prints ``RuntimeError: Event loop is closed``."""
+    import asyncio
+
+    from areal_agents.config import load_config
+    from areal_agents.eval import EvalConfig, _make_policy, run_eval
+
+    cfg = load_config(EvalConfig, _args(fake, tmp_path, "env=calculator", "num_episodes=2"))
+    policy: Any = _make_policy(cfg.policy, fake.base_url, "scripted", cfg.temperature)
+    opened: list[Any] = []
+    real = policy.endpoint.client
+
+    def client() -> Any:
+        opened.append(real())
+        return opened[-1]
+
+    policy.endpoint.client = client
+    summary = asyncio.run(run_eval(cfg, policy))
+    assert summary["episodes"] == 2
+    assert opened and all(c.is_closed() for c in opened)
+    assert policy.endpoint._clients == {}

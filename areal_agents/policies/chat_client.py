@@ -133,6 +133,10 @@ class ChatPolicy:
         ``connection``, ``malformed``, ``http_<status>``) and ``malformed_tool_calls``."""
         return {**self.endpoint.stats, "malformed_tool_calls": self.malformed_tool_calls}
 
+    async def aclose(self) -> None:
+        """Close this event loop's connections to the endpoint (:meth:`EndpointClient.aclose`)."""
+        await self.endpoint.aclose()
+
     async def act(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> Turn:
         body = self.request(conversation, tools)
         extra = self.extra_body or None

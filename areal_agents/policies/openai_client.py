@@ -102,6 +102,15 @@ class EndpointClient:
             self._semaphores[id(loop)] = asyncio.Semaphore(self.settings.max_concurrency)
         return entry[1]
 
+    async def aclose(self) -> None:
+        """Close the running loop's client and its connections (a later call opens a new one).
+        Call it before the loop ends: a pool left open is closed by the garbage collector on a
+        loop that is gone, which prints ``RuntimeError: Event loop is closed``."""
+        entry = self._clients.pop(id(asyncio.get_running_loop()), None)
+        self._semaphores.pop(id(asyncio.get_running_loop()), None)
+        if entry is not None:
+            await entry[1].close()
+
     async def call(self, what: str, fn: Callable[[openai.AsyncOpenAI], Awaitable[T]]) -> T:
         """Run ``fn(client)`` with the concurrency bound, the deadline and retries.
 

@@ -171,6 +171,10 @@ class TokenPolicy:
             version = self.version_source() if self.version_source is not None else 0
         return response, int(version)
 
+    async def aclose(self) -> None:
+        """Close this event loop's connections to the endpoint (:meth:`EndpointClient.aclose`)."""
+        await self.endpoint.aclose()
+
     async def act(self, conversation: Sequence[Message], tools: Sequence[ToolSpec]) -> Turn:
         prompt_ids = prompt_ids_for(self.tokenizer, conversation, tools, self.sampled)
         budget = self.max_tokens

@@ -71,8 +71,13 @@ def few_shot_tool_conversation() -> list[dict[str, Any]]:
 def server(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "builtin":
         from areal_agents.serving.server import BuiltinServer
+        from areal_agents.trainers.inference import thread_env
+        from areal_agents.trainers.inference_config import InferenceConfig
 
         handle: Any = BuiltinServer(max_model_len=2048)
+        # one torch thread, as the trainer runs it (inference.torch_threads=1): a server using
+        # every core slows to a crawl when the tests beside it take a core
+        handle.extra_env = thread_env(InferenceConfig(torch_threads=1))
         timeout = 180.0
     else:
         from areal_agents.serving.vllm import VLLMServer
