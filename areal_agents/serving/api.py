@@ -21,12 +21,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from areal_agents.errors import ConfigError, WeightSyncError
 from areal_agents.policies.templates import render_prompt_ids
-from areal_agents.policies.versions import END_HEADER, START_HEADER
+from areal_agents.serving.api_errors import ApiKeyGuard, error_response
 from areal_agents.serving.engine import Engine, GenerationRequest, GenerationResult
 from areal_agents.serving.schema import (
     APIError,
@@ -43,8 +43,19 @@ from areal_agents.serving.streaming import (
     chat_events,
     completion_events,
 )
+from areal_agents.serving.version_headers import WeightVersionMiddleware
 
-__all__ = ["APIError", "ChatRequest", "CompletionRequest", "create_app", "parse_hermes_tool_calls"]
+__all__ = [
+    "DISCONNECT_POLL_S",
+    "APIError",
+    "ChatRequest",
+    "CompletionRequest",
+    "create_app",
+    "parse_hermes_tool_calls",
+]
+
+DISCONNECT_POLL_S = 0.5
+"""How often a running non-streaming request checks that its client is still there."""
 
 
 class _Server:
@@ -107,12 +118,29 @@ class _Server:
             for i in range(req.n)
         ]
 
-    async def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    async def _generate(
+        self,
+        requests: list[GenerationRequest],
+        disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[GenerationResult]:
+        """Run ``requests`` in the engine. While they run, ``disconnected`` (the HTTP request's
+        own check) is polled: once the client has gone (its timeout, then a retry), the requests
+        are cancelled and leave the batch at its next step, instead of decoding to the end for
+        nobody while the retry competes with them (under load, that feedback stalls a server)."""
         try:
             futures = [self.engine.submit(r) for r in requests]
         except ConfigError as e:
             raise APIError(400, str(e)) from None
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        results = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        while disconnected is not None:
+            done, _ = await asyncio.wait({results}, timeout=DISCONNECT_POLL_S)
+            if done:
+                break
+            if await disconnected():
+                for request in requests:
+                    request.cancelled = True
+                break
+        return list(await results)
 
     def _text(self, ids: list[int], stop_reason: int | str | None) -> str:
         text = self.tok.decode(ids, skip_special_tokens=True)
@@ -176,9 +204,11 @@ class _Server:
             include_usage=bool((req.stream_options or {}).get("include_usage")),
         )
 
-    async def chat(self, req: ChatRequest) -> dict[str, Any]:
+    async def chat(
+        self, req: ChatRequest, disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> dict[str, Any]:
         choice, prompt, requests = self._chat_setup(req)
-        results = await self._generate(requests)
+        results = await self._generate(requests, disconnected)
         choices = []
         for i, res in enumerate(results):
             text = self._text(res.token_ids, res.stop_reason)
@@ -261,9 +291,11 @@ class _Server:
             include_usage=bool((req.stream_options or {}).get("include_usage")),
         )
 
-    async def completions(self, req: CompletionRequest) -> dict[str, Any]:
+    async def completions(
+        self, req: CompletionRequest, disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> dict[str, Any]:
         prompts, batch = self._completion_setup(req)
-        results = await self._generate(batch)
+        results = await self._generate(batch, disconnected)
         choices = []
         for i, res in enumerate(results):
             prompt = prompts[i // req.n]
@@ -326,11 +358,6 @@ class _Server:
         }
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
-
-
 def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(events, media_type="text/event-stream", headers=headers)
@@ -348,28 +375,27 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
     app = FastAPI(title="areal_agents built-in inference server")
     server = _Server(engine, served_model_name)
 
-    @app.middleware("http")
-    async def _headers(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        guarded = api_key and request.url.path.startswith("/v1/")
-        if guarded and request.headers.get("authorization") != f"Bearer {api_key}":
-            return _error(401, "invalid or missing API key", "AuthenticationError")
-        start = engine.weight_version
-        response = await call_next(request)
-        response.headers[START_HEADER] = str(start)
-        response.headers[END_HEADER] = str(engine.weight_version)
-        return response
+    async def version() -> int:
+        return engine.weight_version
+
+    async def paused() -> bool:
+        return engine.is_paused
+
+    # Plain ASGI middleware (not Starlette's BaseHTTPMiddleware, under which a route never
+    # sees its client disconnect): version headers as vLLM's, and the API key check.
+    app.add_middleware(WeightVersionMiddleware, version=version, paused=paused)
+    if api_key:
+        app.add_middleware(ApiKeyGuard, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.kind, exc.param)
+        return error_response(exc.status, exc.message, exc.kind, exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(x) for x in first.get("loc", ())[1:])
-        return _error(
+        return error_response(
             400, f"{where}: {first.get('msg', 'invalid request')}", "BadRequestError", where or None
         )
 
@@ -396,23 +422,25 @@ def create_app(engine: Engine, served_model_name: str, api_key: str | None = Non
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(req: ChatRequest) -> dict[str, Any] | StreamingResponse:
+    async def chat(req: ChatRequest, request: Request) -> dict[str, Any] | StreamingResponse:
         if req.stream:
             return _event_stream(await server.chat_stream(req))
-        return await server.chat(req)
+        return await server.chat(req, request.is_disconnected)
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(req: CompletionRequest) -> dict[str, Any] | StreamingResponse:
+    async def completions(
+        req: CompletionRequest, request: Request
+    ) -> dict[str, Any] | StreamingResponse:
         if req.stream:
             return _event_stream(await server.completions_stream(req))
-        return await server.completions(req)
+        return await server.completions(req, request.is_disconnected)
 
     @app.get("/weight_version")
     async def weight_version() -> dict[str, Any]:
         return {
             "weight_version": engine.weight_version,
             "is_paused": engine.is_paused,
-            "decode_steps": engine.decode_steps,
+            **engine.stats(),  # decode_steps, seconds prefilling and decoding, prefix cache
         }
 
     @app.post("/pause")

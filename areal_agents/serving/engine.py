@@ -15,22 +15,29 @@ be interrupted at a step boundary, and both are needed here — the second for R
 ``finish_reason="abort"`` (vLLM's reason for an aborted request), so a client can continue the
 generation under the new weights. Requests that arrive while paused wait for :meth:`resume`.
 
+Prompts that start with tokens prefilled before (the system prompt and tool schemas every
+episode shares, a GRPO group's task prompt, the previous turn of an episode) prefill only the
+rest, on top of the cached keys and values of that prefix; what is stored, when, and the bounds
+are described in :mod:`areal_agents.serving.prefix_cache`. Results are the same as without the
+cache up to floating-point noise (matrices of other shapes sum in another order). Every weight
+update empties that cache: KV computed by the old weights is never reused.
+
 Every result carries the weight version that produced it; weights are replaced only while no
 row is running (after :meth:`Engine.pause`), so one result never mixes versions.
 Log-probabilities are those of the raw model distribution (before temperature and top-p), as
-vLLM reports them by default.
+vLLM reports them by default (:mod:`areal_agents.serving.sampling`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,92 +45,42 @@ import torch
 
 from areal_agents.errors import ConfigError, WeightSyncError
 from areal_agents.serving.adapters import AdapterMerger
+from areal_agents.serving.batch import (
+    Batch,
+    GenerationRequest,
+    GenerationResult,
+    Row,
+    compact,
+    join,
+    keep_rows,
+    prefill_groups,
+    prefill_inputs,
+    reusable,
+    row_kv,
+    stack_prefixes,
+    store_shared_prefixes,
+    store_turn,
+)
+from areal_agents.serving.prefix_cache import (
+    DEFAULT_PREFIX_CACHE_MB,
+    PrefixCache,
+    PrefixMatch,
+    shared_prefix,
+)
+from areal_agents.serving.sampling import check_done, pick, top_logprobs
+from areal_agents.serving.staging import copy_into, mapped_tensors
 
 __all__ = ["Engine", "GenerationRequest", "GenerationResult"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class GenerationRequest:
-    """One sequence to sample (an ``n > 1`` API request becomes ``n`` of these)."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop_token_ids: frozenset[int] = frozenset()
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    top_logprobs: int = 0
-    forced_prefix: tuple[int, ...] = ()
-    """Tokens emitted before sampling starts (e.g. ``<tool_call>`` when a tool is required)."""
-    ignore_eos: bool = False
-    """Keep going past end-of-sequence tokens (vLLM's ``ignore_eos``)."""
-    on_token: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
-    """Called from the scheduler thread with each output token as it is chosen (forced tokens
-    included), before the request's future resolves; for streaming. It must return at once."""
-    cancelled: bool = field(default=False, repr=False, compare=False)
-    """Set it (from any thread) to end the generation at the next step with
-    ``finish_reason="abort"``: a streaming client went away."""
-
-
-@dataclass
-class GenerationResult:
-    """The sampled tokens of one request and how the generation ended."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]]
-    finish_reason: str
-    stop_reason: int | str | None
-    weight_version: int
-
-
-@dataclass
-class _Row:
-    request: GenerationRequest
-    future: Future[GenerationResult]
-    generator: torch.Generator
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class _Batch:
-    """The running batch: its rows, their KV cache and attention mask (right-aligned rows),
-    the next position of each row and the logits of its next token (not yet sampled)."""
-
-    rows: list[_Row]
-    cache: Any
-    mask: torch.Tensor
-    next_pos: torch.Tensor
-    last: torch.Tensor
-
-
-def _cache_layers(cache: Any) -> list[Any]:
-    """The per-layer key/value holders of a transformers ``DynamicCache``."""
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        raise TypeError(f"continuous batching needs a DynamicCache, got {type(cache).__name__}")
-    return list(layers)
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """Zero-pad ``t`` at the start of ``dim`` to ``width`` entries."""
-    missing = width - t.shape[dim]
-    if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
 class Engine:
-    """A causal LM with continuous batching, pause/resume and in-place weight updates."""
+    """A causal LM with continuous batching, pause/resume and in-place weight updates.
+
+    ``prefix_cache_mb`` bounds the keys and values of prompt prefixes kept for reuse (see
+    :mod:`areal_agents.serving.prefix_cache`); 0 disables prefix caching.
+    """
 
     def __init__(
         self,
@@ -133,6 +90,7 @@ class Engine:
         dtype: str = "float32",
         max_model_len: int = 2048,
         max_batch_size: int = 16,
+        prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -161,7 +119,16 @@ class Engine:
         self._adapter = AdapterMerger()  # the base weights under a LoRA adapter
         self.decode_steps = 0
         """Forward passes run so far (a progress counter for monitoring and tests)."""
-        self._queue: deque[_Row] = deque()
+        self._seconds = dict.fromkeys(
+            ("prefill_s", "prefill_cpu_s", "decode_s", "decode_cpu_s"), 0.0
+        )
+        if prefix_cache_mb < 0:
+            raise ConfigError(f"prefix_cache_mb={prefix_cache_mb}: must be >= 0 (0 disables)")
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
+        """Prompt prefixes whose KV cache is reused (:meth:`PrefixCache.stats` for its counters)."""
+        self._prefix_checked = False  # whether the model's cache layers were checked reusable
+        self._prefix_version = 0  # the weight version the prefix cache's entries belong to
+        self._queue: deque[Row] = deque()
         self._cond = threading.Condition()
         self._paused = False
         self._busy = False
@@ -182,6 +149,17 @@ class Engine:
     def is_paused(self) -> bool:
         return self._paused
 
+    def stats(self) -> dict[str, Any]:
+        """Counters for monitoring: decoding steps; seconds spent prefilling and decoding, in
+        wall time and in CPU time of the scheduler thread (all of the engine's compute when
+        torch runs one thread); the prefix cache's counters (:meth:`PrefixCache.stats`)."""
+        seconds = {k: round(v, 3) for k, v in self._seconds.items()}
+        return {
+            "decode_steps": self.decode_steps,
+            **seconds,
+            "prefix_cache": self.prefix_cache.stats(),
+        }
+
     def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
         """Queue ``request``; the future resolves when its generation ends."""
         if len(request.prompt_ids) + request.max_tokens > self.max_model_len:
@@ -195,7 +173,7 @@ class Engine:
             raise ConfigError(f"token id {bad[0]} is out of range [0, {self.vocab_size})")
         seed = request.seed if request.seed is not None else next(self._seeds)
         generator = torch.Generator(device="cpu").manual_seed(int(seed))
-        row = _Row(request=request, future=Future(), generator=generator)
+        row = Row(request=request, future=Future(), generator=generator)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine is closed")
@@ -259,23 +237,23 @@ class Engine:
         try:
             with torch.no_grad():
                 for name, tensor in state.items():
-                    params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+                    copy_into(params[name], tensor)
             self._version = int(version)
         finally:
+            self.prefix_cache.clear()  # KV computed by the old weights (even on a partial copy)
             if not was_paused:
                 self.resume()
 
     def update_weights_from_disk(self, path: str | Path, version: int) -> None:
-        """Load every ``*.safetensors`` file of an HF checkpoint directory (or one file)."""
-        from safetensors.torch import load_file
-
+        """Load every ``*.safetensors`` file of an HF checkpoint directory (or one file): each
+        tensor is a view of the mapped file, copied once into its parameter."""
         path = Path(path)
         files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
         if not files or not all(f.is_file() for f in files):
             raise WeightSyncError(f"no safetensors weights at {path}")
         state: dict[str, torch.Tensor] = {}
         for f in files:
-            state.update(load_file(str(f)))
+            state.update(mapped_tensors(f))
         self.update_weights(state, version)
 
     def close(self) -> None:
@@ -288,7 +266,7 @@ class Engine:
     # ---- the scheduler thread ------------------------------------------------------------
 
     def _loop(self) -> None:
-        state: _Batch | None = None
+        state: Batch | None = None
         while True:
             with self._cond:
                 while not self._closed and state is None and (self._paused or not self._queue):
@@ -299,17 +277,23 @@ class Engine:
                         if not row.future.done():
                             row.future.set_exception(RuntimeError("the engine was closed"))
                     return
-                new: list[_Row] = []
+                new: list[Row] = []
                 if not self._paused:
                     room = self.max_batch_size - (len(state.rows) if state else 0)
                     new = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
                 self._busy = True
+            for row in [r for r in new if r.request.cancelled]:  # its client is gone: no prefill
+                row.finish = "abort"
+                self._resolve(row)
+                new.remove(row)
             try:
                 if new:
-                    state = self._join(state, self._prefill(new))
+                    with self._timed("prefill"):
+                        state = join(state, self._prefill(new))
                     new = []
                 if state is not None:
-                    state = self._step(state)
+                    with self._timed("decode"):
+                        state = self._step(state)
             except Exception as e:  # a bug or OOM: fail these requests, keep serving
                 logger.exception("generation failed")
                 for row in [*new, *(state.rows if state else [])]:
@@ -322,31 +306,50 @@ class Engine:
                     self._active = state is not None
                     self._cond.notify_all()
 
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self._seconds[f"{phase}_s"] += time.perf_counter() - wall
+            self._seconds[f"{phase}_cpu_s"] += time.thread_time() - cpu
+
     @torch.no_grad()
-    def _prefill(self, rows: list[_Row]) -> _Batch:
-        """Run the prompts of newly admitted rows; returns them as a batch ready to sample."""
-        prompts = [r.request.prompt_ids + list(r.request.forced_prefix) for r in rows]
+    def _prefill(self, rows: list[Row]) -> Batch:
+        """Run the prompts of newly admitted rows; returns them as a batch ready to sample.
+
+        A row whose prompt starts with a cached prefix prefills only the rest, on top of the
+        prefix's keys and values (at least its last prompt token is always run, for logits).
+        Rows that prefill very different numbers of tokens run in separate forward passes.
+        """
         for row in rows:  # forced tokens are part of the output, with their logprobs below
             row.tokens.extend(row.request.forced_prefix)
             for token in row.request.forced_prefix:
                 self._notify(row, token)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        if self._prefix_version != self._version:  # belt and braces: _replace clears it too
+            self.prefix_cache.clear()
+            self._prefix_version = self._version
+        if len(rows) > 1:
+            self._prefill_shared_prefix([r.request.prompt_ids for r in rows])
+        matches = [self._match(r.request.prompt_ids) for r in rows]
+        todo = [
+            len(r.request.prompt_ids) + len(r.request.forced_prefix) - (m.length if m else 0)
+            for r, m in zip(rows, matches, strict=True)
+        ]
+        batch = None
+        for group in prefill_groups(todo):
+            part = self._prefill_rows([rows[i] for i in group], [matches[i] for i in group])
+            batch = join(batch, part)
+        assert batch is not None
+        return batch
+
+    def _prefill_rows(self, rows: list[Row], matches: list[PrefixMatch | None]) -> Batch:
+        """One forward pass over ``rows`` on top of their cached prefixes ``matches``."""
+        prompts = [r.request.prompt_ids + list(r.request.forced_prefix) for r in rows]
         forced = [len(r.request.forced_prefix) for r in rows]
         keep = max(forced) + 1
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
+        out, mask, positions = self._forward(prompts, matches, keep)
         logits = out.logits.float()
         for i, row in enumerate(rows):  # logprobs of forced tokens (mask 1 in training too)
             n = forced[i]
@@ -354,26 +357,65 @@ class Engine:
                 lp = torch.log_softmax(logits[i, keep - 1 - n : keep - 1], dim=-1)
                 picked = torch.tensor(row.request.forced_prefix, device=lp.device)
                 row.logprobs.extend(lp.gather(-1, picked[:, None])[:, 0].tolist())
-                row.top.extend(self._top(lp[j], row.request.top_logprobs) for j in range(n))
-        return _Batch(rows, out.past_key_values, mask, positions[:, -1:] + 1, logits[:, -1, :])
+                row.top.extend(top_logprobs(lp[j], row.request.top_logprobs) for j in range(n))
+        if self.prefix_cache.enabled and self._reusable(out.past_key_values):
+            cached = [m.length if m is not None else 0 for m in matches]
+            store_shared_prefixes(self.prefix_cache, prompts, cached, out.past_key_values, mask)
+        batch = Batch(rows, out.past_key_values, mask, positions[:, -1:] + 1, logits[:, -1, :])
+        if any(m is not None for m in matches):
+            compact(batch)  # no padding between prefixes and the rest for decoding to attend over
+        return batch
 
-    def _join(self, old: _Batch | None, new: _Batch) -> _Batch:
-        """Merge newly prefilled rows into the running batch (rows stay right-aligned: the
-        shorter block is left-padded with masked-out cache entries)."""
-        if old is None:
-            return new
-        width = max(old.mask.shape[1], new.mask.shape[1])
-        for a, b in zip(_cache_layers(old.cache), _cache_layers(new.cache), strict=True):
-            a.keys = torch.cat([_left_pad(a.keys, width, -2), _left_pad(b.keys, width, -2)])
-            a.values = torch.cat([_left_pad(a.values, width, -2), _left_pad(b.values, width, -2)])
-        old.rows.extend(new.rows)
-        old.mask = torch.cat([_left_pad(old.mask, width, -1), _left_pad(new.mask, width, -1)])
-        old.next_pos = torch.cat([old.next_pos, new.next_pos])
-        old.last = torch.cat([old.last, new.last])
-        return old
+    def _forward(
+        self, sequences: list[list[int]], matches: list[PrefixMatch | None], keep: int
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """One prefill forward pass over ``sequences`` on top of their cached prefixes (logits
+        of the last ``keep`` columns); returns the model's output, the mask and positions."""
+        cached = [m.length if m is not None else 0 for m in matches]
+        ids, mask, positions = prefill_inputs(sequences, cached, self.pad_token_id, self.device)
+        past = stack_prefixes(matches, self.model.config, self.device) if any(cached) else None
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=past,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out, mask, positions
+
+    def _match(self, prompt: list[int]) -> PrefixMatch | None:
+        return self.prefix_cache.match(prompt, len(prompt) - 1)  # one token left, for logits
+
+    def _prefill_shared_prefix(self, prompts: list[list[int]], rounds: int = 4) -> None:
+        """When two or more admitted rows share a prefix that is not cached yet (the first wave
+        of episodes, GRPO groups arriving together), prefill it once, alone, and store it: the
+        rows' own prefill then starts from it. Up to ``rounds`` prefixes, the most saving
+        first (the system prompt of all rows, then the task prompt of each group)."""
+        for _ in range(rounds):
+            cache = self.prefix_cache
+            prefix = shared_prefix(prompts, cache.min_tokens, cache.cached_length)
+            if not cache.enabled or prefix is None or not cache.wants(prefix):
+                return
+            tokens = list(prefix)
+            out, mask, _ = self._forward([tokens], [self._match(tokens)], 1)
+            if not self._reusable(out.past_key_values):
+                return
+            if not cache.insert(tokens, *row_kv(out.past_key_values, mask, 0, len(tokens))):
+                return  # larger than the budget: another round would try the same
+
+    def _reusable(self, cache: Any) -> bool:
+        """Whether prefixes can be copied out of ``cache`` (checked once; the prefix cache is
+        turned off for a model whose cache layers are not plain, e.g. a sliding window)."""
+        if not self._prefix_checked:
+            self._prefix_checked = True
+            if not reusable(cache):
+                logger.warning("this model's KV cache cannot be reused: no prefix caching")
+                self.prefix_cache = PrefixCache(0)
+        return self.prefix_cache.enabled
 
     @torch.no_grad()
-    def _step(self, batch: _Batch) -> _Batch | None:
+    def _step(self, batch: Batch) -> Batch | None:
         """Sample one token per row, hand back finished rows at once, decode the rest one step.
 
         Returns the batch still running (None when every row has finished or was aborted).
@@ -386,20 +428,15 @@ class Engine:
         done = [i for i, r in enumerate(batch.rows) if r.finish is not None]
         for i in done:
             self._resolve(batch.rows[i])
+            store_turn(self.prefix_cache, batch, i)  # the next turn starts with it
         if len(done) == len(batch.rows):
             return None
         if done:
             keep = torch.tensor(
                 [i for i, r in enumerate(batch.rows) if r.finish is None], device=self.device
             )
-            batch.rows = [r for r in batch.rows if r.finish is None]
-            mask = batch.mask[keep]
-            start = int((mask.sum(0) > 0).nonzero()[0])  # drop columns no remaining row uses
-            batch.mask = mask[:, start:]
-            for layer in _cache_layers(batch.cache):
-                layer.keys = layer.keys[keep, :, start:]
-                layer.values = layer.values[keep, :, start:]
-            batch.next_pos, chosen = batch.next_pos[keep], chosen[keep]
+            keep_rows(batch, keep)
+            chosen = chosen[keep]
         batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=-1)
         out = self.model(
             input_ids=chosen[:, None],
@@ -414,7 +451,7 @@ class Engine:
         self.decode_steps += 1
         return batch
 
-    def _resolve(self, row: _Row) -> None:
+    def _resolve(self, row: Row) -> None:
         row.future.set_result(
             GenerationResult(
                 token_ids=row.tokens,
@@ -426,7 +463,7 @@ class Engine:
             )
         )
 
-    def _sample(self, rows: Sequence[_Row], logits: torch.Tensor) -> torch.Tensor:
+    def _sample(self, rows: Sequence[Row], logits: torch.Tensor) -> torch.Tensor:
         """Sample one token per unfinished row, record it, and decide whether the row is done."""
         logprobs = torch.log_softmax(logits, dim=-1)
         chosen = torch.full((len(rows),), self.pad_token_id, dtype=torch.long)
@@ -437,18 +474,18 @@ class Engine:
             if req.cancelled:  # the row leaves the batch before the next decoding step
                 row.finish = "abort"
                 continue
-            token = self._pick(logits[i], req.temperature, req.top_p, row.generator)
+            token = pick(logits[i], req.temperature, req.top_p, row.generator)
             chosen[i] = token
             row.tokens.append(token)
             self._notify(row, token)
             row.logprobs.append(float(logprobs[i, token]))
             if req.top_logprobs:
-                row.top.append(self._top(logprobs[i], req.top_logprobs))
-            self._check_done(row, token)
+                row.top.append(top_logprobs(logprobs[i], req.top_logprobs))
+            check_done(row, token, self.eos_token_ids, self.tokenizer)
         return chosen.to(logits.device)
 
     @staticmethod
-    def _notify(row: _Row, token: int) -> None:
+    def _notify(row: Row, token: int) -> None:
         callback = row.request.on_token
         if callback is None:
             return
@@ -457,38 +494,3 @@ class Engine:
         except Exception:  # a listener that went away (client gone) must not stop the batch
             logger.debug("on_token failed; no more tokens are reported", exc_info=True)
             row.request.on_token = None
-
-    @staticmethod
-    def _top(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
-        if k <= 0:
-            return []
-        values, indices = logprobs.topk(k)
-        return list(zip(indices.tolist(), values.tolist(), strict=True))
-
-    @staticmethod
-    def _pick(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int:
-        if temperature <= 0.0:
-            return int(logits.argmax())
-        probs = torch.softmax(logits.double().cpu() / temperature, dim=-1)
-        if top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            cumulative = sorted_p.cumsum(-1)
-            drop = cumulative - sorted_p >= top_p  # keep the smallest set reaching top_p
-            sorted_p[drop] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-        return int(torch.multinomial(probs, 1, generator=gen))
-
-    def _check_done(self, row: _Row, token: int) -> None:
-        req = row.request
-        if token in self.eos_token_ids and not req.ignore_eos:
-            row.finish = "stop"
-        elif token in req.stop_token_ids:
-            row.finish, row.stop_reason = "stop", token
-        elif req.stop:
-            tail = self.tokenizer.decode(row.tokens[-16:], skip_special_tokens=False)
-            for s in req.stop:
-                if s in tail:
-                    row.finish, row.stop_reason = "stop", s
-                    break
-        if row.finish is None and len(row.tokens) >= req.max_tokens:
-            row.finish = "length"

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from areal_agents.serving.prefix_cache import DEFAULT_PREFIX_CACHE_MB
+
 if TYPE_CHECKING:
     import uvicorn
 
@@ -117,6 +119,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-batch-size", type=int, default=16)
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=DEFAULT_PREFIX_CACHE_MB,
+        help="memory for the KV cache of prompt prefixes reused across requests (the shared "
+        "system prompt, the previous turn of an episode); 0 disables prefix caching",
+    )
     parser.add_argument("--api-key", default=None, help="require this bearer token on /v1/")
     parser.add_argument("--log-level", default="warning")
     parser.add_argument(
@@ -150,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_batch_size=args.max_batch_size,
+        prefix_cache_mb=args.prefix_cache_mb,
     )
     app = create_app(engine, name, api_key=args.api_key)
     config = uvicorn.Config(

@@ -16,7 +16,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["END_HEADER", "GENERATION_PATHS", "START_HEADER", "WeightVersionMiddleware"]
+__all__ = [
+    "END_HEADER",
+    "GENERATION_PATHS",
+    "PAUSE_PATH",
+    "START_HEADER",
+    "WeightVersionMiddleware",
+]
 
 # the same names as areal_agents.policies.versions (not imported: this module stands alone)
 START_HEADER = "X-Weight-Version-Start"
@@ -24,6 +30,10 @@ END_HEADER = "X-Weight-Version"
 #: The OpenAI routes that generate tokens: only these wait out a pause. Every other route (the
 #: LoRA adapter loads a push makes while the engine is paused, above all) passes at once.
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+#: vLLM's pause route. vLLM sends the aborted requests' last outputs *before* it marks itself
+#: paused, so a client that continues an aborted generation at once can get in ahead of the
+#: pause flag; the middleware holds generation from the moment this request arrives instead.
+PAUSE_PATH = "/pause"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -45,6 +55,8 @@ class WeightVersionMiddleware:
     A generation request (``POST`` to one of :data:`GENERATION_PATHS`) that arrives while the
     engine is paused for a weight update waits here until it resumes (vLLM would hold it
     anyway), so its start version is the one that generates it, not the one being replaced.
+    "Paused" starts when a ``POST`` to :data:`PAUSE_PATH` arrives, not when vLLM reports it:
+    vLLM answers the requests it aborts before it sets its flag.
 
     Args:
         app: the wrapped ASGI application.
@@ -66,6 +78,7 @@ class WeightVersionMiddleware:
         self._version = version
         self._paused = paused
         self.poll_s = poll_s
+        self._pausing = 0  # /pause requests being handled now
 
     async def _current(self, scope: Scope) -> str:
         try:
@@ -79,7 +92,7 @@ class WeightVersionMiddleware:
 
     async def _wait_resumed(self, scope: Scope) -> None:
         try:
-            while await (
+            while self._pausing or await (
                 self._paused()
                 if self._paused is not None
                 else scope["app"].state.engine_client.is_paused()
@@ -92,8 +105,18 @@ class WeightVersionMiddleware:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
+        if scope.get("method") == "POST" and scope.get("path") == PAUSE_PATH:
+            self._pausing += 1  # until vLLM's own flag is set (it is when /pause returns)
+            try:
+                await self._with_versions(scope, receive, send)
+            finally:
+                self._pausing -= 1
+            return
         if scope.get("method") == "POST" and scope.get("path") in GENERATION_PATHS:
             await self._wait_resumed(scope)
+        await self._with_versions(scope, receive, send)
+
+    async def _with_versions(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = await self._current(scope)
         names = (START_HEADER.lower().encode(), END_HEADER.lower().encode())
 

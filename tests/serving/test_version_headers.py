@@ -39,12 +39,18 @@ class Served:
         self.version = 3
         self.paused = False
         self.bump_during = False
+        self.aborted = threading.Event()  # set by the server's thread
 
     async def get(self) -> str:
         return str(self.version)
 
     async def is_paused(self) -> bool:
         return self.paused
+
+    def finish_update(self, version: int) -> None:
+        """The update lands, then generation resumes (vLLM's order)."""
+        self.version = version
+        self.paused = False
 
 
 def _vllm_like(served: Served) -> Any:
@@ -81,6 +87,14 @@ def _vllm_like(served: Served) -> Any:
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter() -> dict[str, str]:
         return {"status": "loaded"}
+
+    @app.post("/pause")
+    async def pause() -> dict[str, str]:
+        # vLLM's order: the aborted requests are answered first, the pause flag set after
+        served.aborted.set()
+        await asyncio.sleep(0.3)
+        served.paused = True
+        return {"status": "paused"}
 
     return WeightVersionMiddleware(app, version=served.get, paused=served.is_paused)
 
@@ -136,14 +150,38 @@ def test_a_request_arriving_while_paused_waits_and_starts_under_the_new_version(
             assert health.status_code == 200  # only generation requests are held
             await asyncio.sleep(0.3)
             assert not request.done()  # held while paused
-            served.version = 5  # the update finishes, then generation resumes
-            served.paused = False
+            served.finish_update(5)
             return await request
 
     with _serving(_vllm_like(served)) as url:
         response = asyncio.run(scenario(url))
     assert response.headers[START_HEADER] == response.headers[END_HEADER] == "5"
     assert response_version(response.headers) == 5
+
+
+def test_a_request_sent_between_vllms_abort_and_its_pause_flag_is_held() -> None:
+    """vLLM answers the requests a pause aborts before it sets its paused flag: a client that
+    continues at once must still be held, from the moment ``/pause`` arrived."""
+    served = Served()
+
+    async def scenario(url: str) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=30) as client:
+            root = url.removesuffix("/v1")
+            pause = asyncio.create_task(client.post(f"{root}/pause", params={"mode": "abort"}))
+            while not served.aborted.is_set():  # the abort is out; vLLM's flag is not set yet
+                await asyncio.sleep(0.01)
+            assert not served.paused
+            body = {"model": "policy", "prompt": [1], "max_tokens": 2}
+            request = asyncio.create_task(client.post(f"{url}/completions", json=body))
+            assert (await pause).status_code == 200
+            await asyncio.sleep(0.2)
+            assert not request.done()  # held across the gap, then by the flag
+            served.finish_update(4)
+            return await request
+
+    with _serving(_vllm_like(served)) as url:
+        response = asyncio.run(scenario(url))
+    assert response.headers[START_HEADER] == response.headers[END_HEADER] == "4"
 
 
 def test_an_adapter_load_during_a_pause_is_not_held() -> None:
