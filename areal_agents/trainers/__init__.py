@@ -9,6 +9,7 @@ then), so the pure pieces — buffer, task stream, checkpoints, config — stay 
 ``buffer``             :class:`TrajectoryBuffer`: staleness bound, admission order
 ``rollout_worker``     :class:`RolloutWorker`: concurrent episodes -> trajectory groups
 ``batching``           trajectories -> padded tensors and log-probs; ranks, micro-batches
+``forward``            the learner's forward passes; a shared prompt prefix runs once
 ``filters``            overlong penalty and filtering on a batch (DAPO)
 ``learner``            :class:`Learner`: one FSDP2 rank (logprobs, advantages, loss, step)
 ``learner_group``      :class:`LearnerGroup`: the ranks as Ray actors

@@ -29,7 +29,7 @@ empty micro-batches (one padding row with an all-zero mask) that contribute exac
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -137,19 +137,27 @@ def split_ranks(lengths: Sequence[int], world_size: int) -> list[list[int]]:
     return [sorted(rows) for rows in out]
 
 
-def micro_batches(rows: Sequence[int], lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Consecutive groups of ``rows`` whose padded size (rows x longest) stays within
-    ``budget`` tokens (a single longer row gets a micro-batch of its own)."""
+def micro_batches(
+    rows: Sequence[int],
+    lengths: Sequence[int],
+    budget: int,
+    cost: Callable[[list[int]], int] | None = None,
+) -> list[list[int]]:
+    """Consecutive groups of ``rows`` whose size stays within ``budget`` tokens (a single
+    longer row gets a micro-batch of its own). The size of a group is ``cost(group)`` (the
+    tokens its forward runs on, e.g. ``trainers/forward.py``'s packing), by default the padded
+    size: rows x longest."""
+
+    def size(group: list[int]) -> int:
+        return len(group) * max(lengths[j] for j in group) if cost is None else cost(group)
+
     out: list[list[int]] = []
     current: list[int] = []
-    longest = 0
     for i in rows:
-        n = lengths[i]
-        if current and max(longest, n) * (len(current) + 1) > budget:
+        if current and size([*current, i]) > budget:
             out.append(current)
-            current, longest = [], 0
+            current = []
         current.append(i)
-        longest = max(longest, n)
     if current:
         out.append(current)
     return out
@@ -172,12 +180,18 @@ def split_minibatches(group_ids: Sequence[str], n: int) -> list[list[int]]:
 
 
 def plan(
-    rows: Sequence[int], lengths: Sequence[int], world_size: int, rank: int, budget: int
+    rows: Sequence[int],
+    lengths: Sequence[int],
+    world_size: int,
+    rank: int,
+    budget: int,
+    cost: Callable[[list[int]], int] | None = None,
 ) -> list[list[int]]:
-    """This rank's micro-batches for ``rows``, padded with empty ones to the ranks' maximum."""
+    """This rank's micro-batches for ``rows``, padded with empty ones to the ranks' maximum
+    (``cost``: :func:`micro_batches`)."""
     per_rank = split_ranks([lengths[i] for i in rows], world_size)
     mine = [[rows[j] for j in part] for part in per_rank]
-    mbs = [micro_batches(part, lengths, budget) for part in mine]
+    mbs = [micro_batches(part, lengths, budget, cost) for part in mine]
     count = max(1, *(len(m) for m in mbs))
     return mbs[rank] + [[] for _ in range(count - len(mbs[rank]))]
 

@@ -11,6 +11,11 @@ budget, up to floating-point summation order. What to compute before the first u
 (proximal and reference log-probs, critic values) is what ``AlgoConfig.needs`` says, from the
 declarations of the chosen loss and estimator. With ``algo.baseline=running`` the learner owns
 the :class:`~areal_agents.trainers.advantages.RunningBaseline` and checkpoints it.
+
+The forward passes themselves (log-probs, entropies, values; the no-grad ones before the first
+update) are ``trainers/forward.py``'s: with ``trainer.share_prompt_prefix`` a micro-batch's
+rows run the prompt prefix they share once, and micro-batches are planned by the tokens so
+forwarded (``learner/forward_tokens``, per update, all ranks).
 """
 
 from __future__ import annotations
@@ -32,24 +37,24 @@ from areal_agents.net import free_port
 from areal_agents.trainers import fsdp
 from areal_agents.trainers.advantages import RunningBaseline, compute_advantages
 from areal_agents.trainers.algorithms import AlgoConfig, Needs
-from areal_agents.trainers.batching import (
-    Batch,
-    collate,
-    logprobs_and_entropy,
-    plan,
-    sequence_logprobs,
-    split_minibatches,
-)
+from areal_agents.trainers.batching import Batch, collate, plan, split_minibatches
 from areal_agents.trainers.checkpoint import capture_rng, read_files, restore_rng, write_files
 from areal_agents.trainers.config import LoraConfig, ModelConfig, TrainerConfig
 from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.filters import shape_batch
-from areal_agents.trainers.lora import adapter_state, adapters_disabled, apply_lora, merged_state
+from areal_agents.trainers.forward import (
+    Prepass,
+    critic_values,
+    micro_batch_cost,
+    prepass,
+    token_logprobs,
+)
+from areal_agents.trainers.lora import adapter_state, apply_lora, merged_state
 from areal_agents.trainers.losses import aggregation_normalizer, compute_policy_loss
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
 from areal_agents.types import Trajectory
 
-__all__ = ["Learner", "LearnerSpec", "Prepass"]
+__all__ = ["Learner", "LearnerSpec"]
 
 
 @dataclass(frozen=True)
@@ -66,19 +71,6 @@ class LearnerSpec:
     use_gpu: bool = False
     max_response_tokens: int | None = None
     """The per-turn token limit of the rollouts (``inference.max_tokens``; overlong penalty)."""
-
-
-@dataclass(frozen=True)
-class Prepass:
-    """What the learner computes on the whole batch before any weight changes (``[B, T-1]``,
-    None where the algorithm does not need it)."""
-
-    proximal_logprobs: Tensor | None = None
-    """The step-start policy's log-probs (a loss with ``proximal="step_start"``, >1 update)."""
-    ref_logprobs: Tensor | None = None
-    """The reference policy's log-probs (``algo.kl_coef > 0``)."""
-    old_values: Tensor | None = None
-    """The critic's values (an estimator that needs a critic)."""
 
 
 def _lr_factor(cfg: TrainerConfig, step: int) -> float:
@@ -183,8 +175,8 @@ class Learner:
         )
         batch = dataclasses.replace(batch, rewards=rewards, loss_mask=loss_mask)
         everything = list(range(len(trajectories)))
-        budget = cfg.micro_batch_tokens
-        everyone = plan(everything, batch.lengths, spec.world_size, spec.rank, budget)
+        budget, cost = cfg.micro_batch_tokens, micro_batch_cost(batch, cfg.share_prompt_prefix)
+        everyone = plan(everything, batch.lengths, spec.world_size, spec.rank, budget, cost)
         pre = self._prepass(batch, everyone)
         adv, returns = compute_advantages(
             algo,
@@ -200,7 +192,7 @@ class Learner:
         minibatches = split_minibatches(batch.group_ids, cfg.minibatches)
         for _ in range(cfg.ppo_epochs):
             for rows in minibatches:
-                mbs = plan(rows, batch.lengths, spec.world_size, spec.rank, budget)
+                mbs = plan(rows, batch.lengths, spec.world_size, spec.rank, budget, cost)
                 norm = float(
                     aggregation_normalizer(
                         batch.loss_mask[rows], algo.aggregation, norm_tokens=algo.norm_tokens
@@ -227,55 +219,20 @@ class Learner:
             metrics["baseline/running"] = self.baseline.value
         return metrics
 
-    def _forward(self, model: Any, mb: Batch) -> Tensor:
-        ids = mb.sequence_ids.to(self.device)
-        return model(input_ids=ids, attention_mask=mb.attention_mask.to(self.device)).logits
-
-    @torch.no_grad()
     def _prepass(self, batch: Batch, mbs: list[list[int]]) -> Prepass:
-        """The tensors of :class:`Prepass` that ``self.needs`` asks for, on the whole batch."""
-        wanted = {
-            "proximal_logprobs": self.needs.proximal_pass,
-            "ref_logprobs": self.needs.reference,
-            "old_values": self.needs.critic,
-        }
-        if not any(wanted.values()):
-            return Prepass()
-        local: dict[str, list[tuple[list[int], Tensor]]] = defaultdict(list)
-        width = batch.sequence_ids.shape[1]
-        for mb_rows in mbs:
-            mb = batch.rows(mb_rows, width)
-            sequence_ids = mb.sequence_ids.to(self.device)
-            if wanted["proximal_logprobs"]:
-                logprobs = sequence_logprobs(
-                    self._forward(self.model, mb), sequence_ids, self.spec.temperature
-                )
-                local["proximal_logprobs"].append((mb_rows, logprobs.float().cpu()))
-            if wanted["ref_logprobs"]:
-                if self.ref is None:  # LoRA: the reference is the base, adapters off
-                    with adapters_disabled(self.model):
-                        ref_logits = self._forward(self.model, mb)
-                else:
-                    ref_logits = self._forward(self.ref, mb)
-                logprobs = sequence_logprobs(ref_logits, sequence_ids, self.spec.temperature)
-                local["ref_logprobs"].append((mb_rows, logprobs.float().cpu()))
-            if wanted["old_values"]:
-                assert self.critic is not None
-                v = self.critic(sequence_ids, mb.attention_mask.to(self.device))
-                local["old_values"].append((mb_rows, v[:, :-1].float().cpu()))
-        gathered: list[Any] = [None] * self.spec.world_size
-        dist.all_gather_object(gathered, dict(local))
-        out: dict[str, Tensor] = {}
-        for key, on in wanted.items():
-            if not on:
-                continue
-            full = torch.zeros_like(batch.behavior_logprobs)
-            for part in gathered:
-                for rows, values in part.get(key, []):
-                    if rows:
-                        full[rows] = values
-            out[key] = full
-        return Prepass(**out)
+        """What ``self.needs`` asks for before the first update (``forward.prepass``)."""
+        return prepass(
+            self.needs,
+            batch,
+            mbs,
+            policy=self.model,
+            reference=self.ref,  # None with LoRA: the policy with its adapters off
+            critic=self.critic,
+            temperature=self.spec.temperature,
+            device=self.device,
+            share=self.spec.trainer.share_prompt_prefix,
+            world_size=self.spec.world_size,
+        )
 
     def _micro_step(
         self,
@@ -299,29 +256,31 @@ class Learner:
             return None if t is None else take(t)
 
         mask = mb.loss_mask.to(dev)
-        logits = self._forward(self.model, mb)
-        logprobs, entropy = logprobs_and_entropy(
-            logits[:, :-1],
-            mb.sequence_ids[:, 1:].to(dev),
+        share = spec.trainer.share_prompt_prefix
+        out = token_logprobs(
+            self.model,
+            mb,
             spec.temperature,
+            device=dev,
+            share=share,
+            entropy=True,
             entropy_grad=algo.entropy_coef > 0,
         )
-        del logits
         # proximal: recomputed when the loss asked for it, else the loss's own choice (None)
         loss, metrics = compute_policy_loss(
             algo,
-            logprobs,
+            out.logprobs,
             maybe(pre.proximal_logprobs),
             mb.behavior_logprobs.to(dev),
             take(adv),
             mask,
             ref_logprobs=maybe(pre.ref_logprobs),  # in the loss unless algo.kl_in_reward
-            entropy=entropy,
+            entropy=out.entropy,
             normalizer=norm,
         )
         (loss * spec.world_size).backward()
         if self.critic is not None and returns is not None and pre.old_values is not None:
-            values = self.critic(mb.sequence_ids.to(dev), mb.attention_mask.to(dev))[:, :-1]
+            values = critic_values(self.critic, mb, device=dev, share=share)
             vloss, vmetrics = compute_value_loss(
                 algo,
                 values,
@@ -340,6 +299,7 @@ class Learner:
             else:
                 sums[key + "@w"] += v * tokens
         sums["@tokens"] += tokens
+        sums["learner/forward_tokens"] += out.tokens  # summed over ranks, per update
 
     def _clip_and_step(self, model: Any, optimizer: torch.optim.Optimizer) -> float:
         max_norm = self.spec.trainer.max_grad_norm

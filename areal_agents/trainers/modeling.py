@@ -193,9 +193,14 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Values ``[B, T]``: ``V(prefix up to and including token t)``."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor | None = None
+    ) -> Tensor:
+        """Values ``[B, T]``: ``V(prefix up to and including token t)`` (``attention_mask``
+        ``[B, T]``, or a 4-D mask with ``position_ids`` for a packed sequence)."""
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        )
         return self.head(hidden.last_hidden_state).squeeze(-1).clone()  # [B, T], not a view
 
     @property

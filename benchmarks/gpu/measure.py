@@ -286,7 +286,8 @@ def logprob_agreement(
     import torch
 
     from areal_agents.serving.engine import GenerationRequest
-    from areal_agents.trainers.batching import collate, sequence_logprobs
+    from areal_agents.trainers.batching import collate
+    from areal_agents.trainers.forward import token_logprobs
     from areal_agents.types import Trajectory
 
     trajectories, engine_lps = [], []
@@ -310,8 +311,17 @@ def logprob_agreement(
         engine_lps.append(list(result.logprobs))
     data = collate(trajectories, learner.pad_id)
     with torch.no_grad():
-        logits = learner._forward(learner.model, data)  # the learner's own forward
-        lp = sequence_logprobs(logits.float(), data.sequence_ids.to(logits.device), 1.0).cpu()
+        lp = (
+            token_logprobs(  # the learner's own forward, packed as its config says
+                learner.model,
+                data,
+                1.0,
+                device=learner.device,
+                share=learner.spec.trainer.share_prompt_prefix,
+            )
+            .logprobs.float()
+            .cpu()
+        )
     diffs = []
     for i, row in enumerate(engine_lps):
         start = prompt_len - 1  # position t holds log p(token t+1)

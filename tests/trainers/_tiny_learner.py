@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 import math
 import random
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 
 from areal_agents.net import free_port
@@ -32,9 +34,25 @@ __all__ = [
     "largest_change",
     "learner",
     "params",
+    "process_group",
     "row",
     "step",
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group() -> Iterator[None]:
+    """One torch thread, and no process group left behind (a module importing this runs under
+    it)."""
+    import torch.distributed as dist
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small tensors: one thread is the fastest on a busy machine
+    yield
+    torch.set_num_threads(threads)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
 
 MAX_TOKENS = 8  # the per-turn limit the learner is told (inference.max_tokens)
 
@@ -66,13 +84,16 @@ def row(
     offset: float = 0.0,
     truncated: bool = False,
     seed: int = 0,
+    prefix: tuple[int, ...] = (),
 ) -> Trajectory:
-    """4 prompt tokens, then the turns' policy tokens with 2 tool tokens between them."""
+    """``prefix``, 4 prompt tokens, then the turns' policy tokens with 2 tool tokens between
+    them."""
     mask = [0] * 4
     for i, n in enumerate(turns):
         mask += ([0, 0] if i else []) + [1] * n
     rng = random.Random(f"{group}{reward}{turns}{seed}")
-    ids = tuple(rng.randrange(5, 2000) for _ in mask)
+    ids = prefix + tuple(rng.randrange(5, 2000) for _ in mask)
+    mask = [0] * len(prefix) + mask
     own = _own_logprobs(ids)
     return Trajectory(
         sequence_ids=ids,

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from areal_agents.trainers.checkpoint import read_files, write_files
-from tests.trainers.test_every_key import batch, learner
+from tests.trainers._tiny_learner import batch, learner
 
 
 def test_a_checkpoint_sent_as_files_restores_the_trained_learner(tmp_path: Path) -> None:

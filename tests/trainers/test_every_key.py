@@ -1,19 +1,18 @@
-"""Every algorithm preset and every non-default ``algo.*`` and ``trainer.*`` value has its effect.
+"""Every algorithm preset and every non-default ``algo.*`` value has its effect, and every
+``algo.*``, ``trainer.*`` and ``eval.*`` key has a test (``COVERED``).
 
 Learner-level keys run through :meth:`Learner.train_step` on the tiny model (``model=tiny``, one
 rank in this process, gloo), on a 4-row batch whose behaviour log-probs are the model's own plus
-a chosen offset, so that ratios are known: ``offset=-0.5`` makes ``pi / pi_behav = e^0.5``.
-Loop-level keys are checked where they act: the buffer the loop builds (``buffer_options``), the
-checkpoint rule (``checkpoint_due``), the rollout workers it starts. ``COVERED`` maps every
-config key to the test that checks it; a key without one fails
-:func:`test_every_key_has_a_check`.
+a chosen offset, so that ratios are known: ``offset=-0.5`` makes ``pi / pi_behav = e^0.5``
+(``tests/trainers/_tiny_learner.py``). The ``trainer.*`` keys are checked in
+``test_every_trainer_key.py``. ``COVERED`` maps every config key to the test that checks it; a
+key without one fails :func:`test_every_key_has_a_check`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,34 +20,18 @@ import pytest
 import torch
 
 from areal_agents.trainers.algorithms import PRESETS, AlgoConfig
-from areal_agents.trainers.buffer import TrajectoryBuffer
 from areal_agents.trainers.config import HeldOutConfig, TrainConfig, TrainerConfig
 from tests.trainers._tiny_learner import (
     A,
     algo,
     batch,
-    grad_norm_left,
     largest_change,
     learner,
     params,
+    process_group,  # noqa: F401  (the autouse fixture)
     row,
     step,
 )
-
-# ---- the fixture: one thread, and no process group left behind ------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group() -> Iterator[None]:
-    import torch.distributed as dist
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small tensors: one thread is the fastest on a busy machine
-    yield
-    torch.set_num_threads(threads)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
 
 # ---- presets ---------------------------------------------------------------------------------
 
@@ -258,172 +241,12 @@ def test_name_labels_the_run_directory() -> None:
     assert cfg.run_dir().name == "code_sandbox-my_grpo"
 
 
-# ---- trainer.*: the learner ------------------------------------------------------------------
-
-
-def test_lr_warmup_and_schedules() -> None:
-    for lr, warmup, first_change in ((1e-3, 0, 1e-3), (1e-6, 0, 1e-6), (1e-3, 4, 1e-3 / 4)):
-        lrn = learner(lr=lr, warmup_steps=warmup)
-        before = params(lrn)
-        lrn.train_step(batch())  # Adam's first step moves a parameter by about lr * factor
-        assert largest_change(before, params(lrn)) == pytest.approx(first_change, rel=0.05)
-    assert learner(warmup_steps=4).train_step(batch())["lr"] == pytest.approx(1e-3 * 2 / 4)
-    assert step(lr_schedule="linear", total_steps=4)["lr"] == pytest.approx(1e-3 * 0.75)
-    cosine = step(lr_schedule="cosine", total_steps=4)["lr"]
-    assert cosine == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
-    assert step()["lr"] == 1e-3  # constant
-
-
-def test_weight_decay_and_betas() -> None:
-    empty = [dataclasses.replace(t, loss_mask=(0,) * len(t.loss_mask)) for t in batch()]
-    lrn = learner(lr=0.1, weight_decay=0.5)
-    before = params(lrn)
-    lrn.train_step(empty)  # no gradient: AdamW only decays, by lr * weight_decay
-    after = params(lrn)
-    assert all(torch.allclose(after[k], before[k] * 0.95, atol=1e-7) for k in before)
-    odd = learner(betas=(0.5, 0.6))
-    assert odd.optimizer.param_groups[0]["betas"] == (0.5, 0.6)
-    usual = learner()
-    for lrn in (odd, usual):  # Adam's first step is independent of the betas; the second not
-        lrn.train_step(batch())
-        lrn.train_step(batch(offset=-0.2))
-    assert largest_change(params(odd), params(usual)) > 1e-5
-
-
-def test_max_grad_norm_clips_the_update() -> None:
-    clipped = learner(max_grad_norm=1e-6)
-    metrics = clipped.train_step(batch())
-    assert metrics["grad_norm"] > 1e-5  # reported before clipping...
-    assert grad_norm_left(clipped) == pytest.approx(1e-6, rel=1e-2)  # ...applied after it
-    free = learner(max_grad_norm=0)
-    metrics = free.train_step(batch())
-    assert grad_norm_left(free) == pytest.approx(metrics["grad_norm"], rel=1e-4)
-
-
-def test_micro_batch_tokens_split_the_work_not_the_update() -> None:
-    calls = []
-    small, large = learner(micro_batch_tokens=16), learner()
-    small.model.register_forward_hook(lambda *a: calls.append(1))
-    m_small, m_large = small.train_step(batch()), large.train_step(batch())
-    assert len(calls) == 4  # 14-token rows: one row per 16-token micro-batch
-    assert m_small["loss/policy"] == pytest.approx(m_large["loss/policy"], abs=1e-6)
-    assert m_small["grad_norm"] == pytest.approx(m_large["grad_norm"], rel=1e-5)
-    assert grad_norm_left(small) == pytest.approx(grad_norm_left(large), rel=1e-5)
-
-
-def test_ppo_epochs_and_minibatches_are_optimizer_updates() -> None:
-    for kw, updates in (({"ppo_epochs": 2}, 2), ({"minibatches": 2}, 2), ({}, 1)):
-        lrn = learner(**kw)
-        lrn.train_step(batch())
-        state = lrn.optimizer.state_dict()["state"]
-        assert {int(s["step"]) for s in state.values()} == {updates}, kw
-
-
-def test_torch_threads_and_seed_reach_the_learner() -> None:
-    lrn = learner(torch_threads=1, seed=7)
-    assert torch.get_num_threads() == 1
-    assert torch.initial_seed() == 7 and lrn.spec.trainer.seed == 7
-
-
-# ---- trainer.* and algo.dynamic_sampling: the loop -------------------------------------------
-
-
-def buffer_for(*overrides: str) -> TrajectoryBuffer:
-    from areal_agents.config import load_config
-    from areal_agents.trainers.loop import buffer_options
-
-    pinned = [  # the counts below are worked out for these, whatever the defaults become
-        "trainer.groups_per_step=2",
-        "trainer.max_concurrent_groups=null",
-    ]
-    cfg = load_config(TrainConfig, ["env=calculator", "env.group_size=2", *pinned, *overrides])
-    return TrajectoryBuffer(**buffer_options(cfg))
-
-
-def test_mode_max_staleness_and_groups_per_step_bound_admission() -> None:
-    assert len(buffer_for("trainer.mode=sync").admit(100)) == 2  # (0 + 1) * G
-    assert len(buffer_for().admit(100)) == 6  # async default: (2 + 1) * G
-    assert len(buffer_for("trainer.max_staleness=4", "trainer.total_steps=9").admit(100)) == 10
-    assert len(buffer_for("trainer.groups_per_step=3", "trainer.mode=sync").admit(100)) == 3
-
-
-def test_total_steps_caps_admission_at_the_groups_the_run_trains() -> None:
-    # staleness 4 would allow (4 + 1) * 2 = 10 groups; the run trains 3 * 2 = 6
-    buf = buffer_for("trainer.max_staleness=4", "trainer.total_steps=3")
-    assert [r.index for r, _ in buf.admit(100)] == [0, 1, 2, 3, 4, 5]
-    assert buf.admit(100) == []
-
-
-def test_batch_order_seed_and_dynamic_sampling_reach_the_buffer() -> None:
-    assert buffer_for("trainer.batch_order=admission").batch_order == "admission"
-    seeds = [r.seed for r, _ in buffer_for().admit(3)]
-    assert [r.seed for r, _ in buffer_for("trainer.seed=1").admit(3)] != seeds
-    uniform = [row("a", 1.0), row("a", 1.0)]
-    plain = buffer_for()
-    assert plain.complete(plain.admit(1)[0][0].index, uniform) == "ready"
-    buf = buffer_for("algo=dapo")  # dynamic sampling: a uniform group is dropped...
-    admitted = buf.admit(100)
-    assert len(admitted) == 6 and buf.admit(100) == []
-    assert buf.complete(admitted[0][0].index, uniform) == "filtered"
-    assert len(buf.admit(100)) == 1  # ...and another task takes its slot
-
-
-def test_checkpoint_every_and_total_steps() -> None:
-    from areal_agents.config import load_config
-    from areal_agents.trainers.loop import checkpoint_due
-
-    def due(*overrides: str) -> list[int]:
-        cfg = load_config(TrainConfig, ["env=calculator", "trainer.total_steps=5", *overrides])
-        return [s for s in range(1, 6) if checkpoint_due(s, cfg)]
-
-    assert due() == [5]  # by default: by time (not reached here) and the last step
-    assert due("trainer.checkpoint_every=1") == [1, 2, 3, 4, 5]
-    assert due("trainer.checkpoint_every=2") == [2, 4, 5]
-    assert due("trainer.checkpoint_every=0") == [5]  # the last step always
-
-
-def test_checkpoint_interval_s_saves_by_time() -> None:
-    from areal_agents.config import load_config
-    from areal_agents.trainers.loop import checkpoint_due
-
-    cfg = load_config(TrainConfig, ["env=calculator", "trainer.checkpoint_interval_s=30"])
-    assert not checkpoint_due(1, cfg, since_last_s=29.0)
-    assert checkpoint_due(1, cfg, since_last_s=30.0)
-    off = load_config(TrainConfig, ["env=calculator", "trainer.checkpoint_interval_s=null"])
-    assert not checkpoint_due(1, off, since_last_s=1e9)
-    assert checkpoint_due(off.trainer.total_steps, off, since_last_s=0.0)
-
-
-def test_rollout_workers_and_concurrent_groups_shape_the_workers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from areal_agents.config import load_config
-    from areal_agents.trainers import loop
-
-    made: list[dict[str, Any]] = []
-
-    class FakeActor:
-        def options(self, **options: Any) -> FakeActor:
-            return self
-
-        def remote(self, **kwargs: Any) -> dict[str, Any]:
-            made.append(kwargs)
-            return kwargs
-
-    monkeypatch.setattr(loop, "remote_class", lambda cls: FakeActor())
-    cfg = load_config(
-        TrainConfig,
-        ["env=calculator", "trainer.rollout_workers=3", "trainer.max_concurrent_groups=5"],
-    )
-    server = type("S", (), {"base_url": "http://127.0.0.1:1/v1"})()
-    loop.start_workers(cfg, [server], Path("m"), buffer=None)
-    assert [w["worker_id"] for w in made] == [0, 1, 2]
-    assert {w["max_concurrent_groups"] for w in made} == {5}
-
-
 # ---- every key has a check -------------------------------------------------------------------
 
-#: config key -> the test that checks its effect (tests in other files are named by path).
+TRAINER = "tests/trainers/test_every_trainer_key.py::"  # the trainer.* keys' tests
+
+#: config key -> the test that checks its effect (tests in other files are named by path,
+#: and by ``path::test`` where the file checks several keys).
 COVERED: dict[str, str] = {
     "algo.advantage": "test_every_preset_trains_the_tiny_model",
     "algo.name": "test_name_labels_the_run_directory",
@@ -450,38 +273,51 @@ COVERED: dict[str, str] = {
     "algo.vf_coef": "test_vf_coef_scales_the_critic_gradient_and_vf_clip_bounds_it",
     "algo.vf_clip": "test_vf_coef_scales_the_critic_gradient_and_vf_clip_bounds_it",
     "algo.max_log_ratio": "test_max_log_ratio_clamps_the_ratio",
-    "algo.dynamic_sampling": "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer",
+    "algo.dynamic_sampling": (
+        TRAINER + "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer"
+    ),
     "algo.overlong_buffer": "test_overlong_buffer_and_penalty_shape_the_reward",
     "algo.overlong_penalty": "test_overlong_buffer_and_penalty_shape_the_reward",
     "algo.mask_truncated": "test_mask_truncated_row_contributes_no_gradient",
-    "trainer.mode": "test_mode_max_staleness_and_groups_per_step_bound_admission",
-    "trainer.max_staleness": "test_mode_max_staleness_and_groups_per_step_bound_admission",
-    "trainer.groups_per_step": "test_mode_max_staleness_and_groups_per_step_bound_admission",
-    "trainer.total_steps": "test_checkpoint_every_and_total_steps",
-    "trainer.batch_order": "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer",
-    "trainer.seed": "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer",
-    "trainer.lr": "test_lr_warmup_and_schedules",
-    "trainer.warmup_steps": "test_lr_warmup_and_schedules",
-    "trainer.lr_schedule": "test_lr_warmup_and_schedules",
-    "trainer.weight_decay": "test_weight_decay_and_betas",
-    "trainer.betas": "test_weight_decay_and_betas",
-    "trainer.max_grad_norm": "test_max_grad_norm_clips_the_update",
-    "trainer.micro_batch_tokens": "test_micro_batch_tokens_split_the_work_not_the_update",
-    "trainer.ppo_epochs": "test_ppo_epochs_and_minibatches_are_optimizer_updates",
-    "trainer.minibatches": "test_ppo_epochs_and_minibatches_are_optimizer_updates",
-    "trainer.torch_threads": "test_torch_threads_and_seed_reach_the_learner",
-    "trainer.rollout_workers": "test_rollout_workers_and_concurrent_groups_shape_the_workers",
-    "trainer.max_concurrent_groups": (
-        "test_rollout_workers_and_concurrent_groups_shape_the_workers"
+    "trainer.mode": TRAINER + "test_mode_max_staleness_and_groups_per_step_bound_admission",
+    "trainer.max_staleness": (
+        TRAINER + "test_mode_max_staleness_and_groups_per_step_bound_admission"
     ),
-    "trainer.checkpoint_every": "test_checkpoint_every_and_total_steps",
-    "trainer.checkpoint_interval_s": "test_checkpoint_interval_s_saves_by_time",
+    "trainer.groups_per_step": (
+        TRAINER + "test_mode_max_staleness_and_groups_per_step_bound_admission"
+    ),
+    "trainer.total_steps": TRAINER + "test_checkpoint_every_and_total_steps",
+    "trainer.batch_order": TRAINER + "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer",
+    "trainer.seed": TRAINER + "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer",
+    "trainer.lr": TRAINER + "test_lr_warmup_and_schedules",
+    "trainer.warmup_steps": TRAINER + "test_lr_warmup_and_schedules",
+    "trainer.lr_schedule": TRAINER + "test_lr_warmup_and_schedules",
+    "trainer.weight_decay": TRAINER + "test_weight_decay_and_betas",
+    "trainer.betas": TRAINER + "test_weight_decay_and_betas",
+    "trainer.max_grad_norm": TRAINER + "test_max_grad_norm_clips_the_update",
+    "trainer.micro_batch_tokens": TRAINER + "test_micro_batch_tokens_split_the_work_not_the_update",
+    "trainer.share_prompt_prefix": (
+        TRAINER + "test_share_prompt_prefix_runs_the_shared_prefix_once_and_changes_nothing_else"
+    ),
+    "trainer.ppo_epochs": TRAINER + "test_ppo_epochs_and_minibatches_are_optimizer_updates",
+    "trainer.minibatches": TRAINER + "test_ppo_epochs_and_minibatches_are_optimizer_updates",
+    "trainer.torch_threads": TRAINER + "test_torch_threads_and_seed_reach_the_learner",
+    "trainer.rollout_workers": (
+        TRAINER + "test_rollout_workers_and_concurrent_groups_shape_the_workers"
+    ),
+    "trainer.max_concurrent_groups": (
+        TRAINER + "test_rollout_workers_and_concurrent_groups_shape_the_workers"
+    ),
+    "trainer.checkpoint_every": TRAINER + "test_checkpoint_every_and_total_steps",
+    "trainer.checkpoint_interval_s": TRAINER + "test_checkpoint_interval_s_saves_by_time",
     "trainer.learner_ranks": "tests/trainers/test_fsdp_equivalence.py",
     "trainer.keep_checkpoints": "tests/trainers/test_checkpoint.py",
     "trainer.resume": "tests/test_train.py",
     "trainer.time_budget_s": "tests/test_train.py",
     "eval.held_out_tasks": "tests/trainers/test_held_out.py",
     "eval.seed": "tests/trainers/test_held_out.py",
+    "eval.before": "tests/test_train.py",
+    "eval.temperature": "tests/test_train.py",
 }
 
 
@@ -494,6 +330,8 @@ def test_every_key_has_a_check() -> None:
     root = Path(__file__).resolve().parents[2]
     for target in set(COVERED.values()):
         if target.startswith("tests/"):
-            assert (root / target).is_file(), target
+            path, _, name = target.partition("::")
+            assert (root / path).is_file(), target
+            assert not name or f"def {name}(" in (root / path).read_text(), target
         else:
             assert callable(globals().get(target)), target

@@ -94,11 +94,12 @@ def named(lrn: Learner) -> dict[str, torch.Tensor]:
 
 
 def logprobs(lrn: Learner, rows: list[Trajectory]) -> torch.Tensor:
-    from areal_agents.trainers.batching import collate, sequence_logprobs
+    from areal_agents.trainers.batching import collate
+    from areal_agents.trainers.forward import token_logprobs
 
     b = collate(rows, lrn.pad_id)
     with torch.no_grad():
-        return sequence_logprobs(lrn._forward(lrn.model, b), b.sequence_ids, 1.0)
+        return token_logprobs(lrn.model, b, 1.0, device=lrn.device, share=False).logprobs
 
 
 def optimizer_numel(lrn: Learner) -> int:

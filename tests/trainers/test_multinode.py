@@ -8,6 +8,7 @@ the weights reached the server through Ray's object store, not the run directory
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from areal_agents.serving.staging import shm_root
 from areal_agents.trainers.cluster import loopback_only
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -66,6 +68,7 @@ def test_a_run_attached_to_a_two_node_cluster_uses_both_nodes(cluster: Any, tmp_
         f"output_dir={tmp_path / 'run'}",
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    staged = set(glob.glob(f"{shm_root()}/areal-weights-*"))
     done = subprocess.run(
         [sys.executable, "-m", "areal_agents.train", *args],
         cwd=ROOT,
@@ -79,6 +82,8 @@ def test_a_run_attached_to_a_two_node_cluster_uses_both_nodes(cluster: Any, tmp_
     # weight_sync=auto went through the object store: nothing was written for the servers
     # under the run directory, which lives with the driver only
     assert not any((tmp_path / "run" / "weights").glob("v*"))
+    # and the server's host staged them in its node's shared memory, removed at its stop
+    assert set(glob.glob(f"{shm_root()}/areal-weights-*")) == staged
 
     ray.init(address=cluster.address, _node_ip_address="127.0.0.1")
     try:
