@@ -40,7 +40,7 @@ from areal_agents.serving.base import InferenceServer
 from areal_agents.serving.engines import get_engine
 from areal_agents.trainers.cluster import spread
 from areal_agents.trainers.config import InferenceConfig, LoraConfig
-from areal_agents.trainers.object_store import push_ref
+from areal_agents.trainers.object_store import ShmLoader
 from areal_agents.trainers.runtime import remote_class
 
 __all__ = [
@@ -120,6 +120,7 @@ class _ServerHost:
 
         local = str(node_model_dir(model_dir, chat_template))  # never the driver's run dir
         self.server = _launch(cfg, local, name, ray.util.get_node_ip_address())
+        self.loader: ShmLoader | None = None  # weight_sync=object_store, on first use
 
     def base_url(self) -> str:
         return str(self.server.base_url)
@@ -128,7 +129,14 @@ class _ServerHost:
         return getattr(self.server, method)(**kwargs)
 
     def load_ref(self, refs: list[Any], version: int, timeout: float) -> None:
-        push_ref(self.server, refs, version, timeout)  # resolved on this (the server's) node
+        if self.loader is None:
+            self.loader = ShmLoader()
+        self.loader.load([self.server], refs, version, timeout)  # resolved on this node
+
+    def stop(self) -> None:
+        if self.loader is not None:
+            self.loader.close()  # the staged weights in this node's shared memory
+        self.server.stop()
 
 
 class _RemoteServer:
@@ -142,8 +150,8 @@ class _RemoteServer:
         self.base_url = str(ray.get(handle.base_url.remote()))
 
     def _call(self, method: str, wait_s: float, **kwargs: Any) -> Any:
-        if method == "load_ref":
-            ref = self.handle.load_ref.remote(**kwargs)
+        if method in ("load_ref", "stop"):  # the host's own methods
+            ref = getattr(self.handle, method).remote(**kwargs)
         else:
             ref = self.handle.call.remote(method=method, **kwargs)
         try:
@@ -293,13 +301,6 @@ def _resume_all(servers: list[InferenceServer]) -> None:
         raise WeightSyncError(f"resuming after a weight update failed: {errors[0]}")
 
 
-def _ref_loader(server: Any) -> Callable[..., None]:
-    """How ``server`` takes a state dict from Ray's object store (see ``object_store``)."""
-    if hasattr(server, "update_weights_from_ref"):  # a server on a cluster node: its actor
-        return server.update_weights_from_ref
-    return functools.partial(push_ref, server)  # a server this process started
-
-
 class WeightSync:
     """Pushes each new version from the learners to every server, with a time limit.
 
@@ -327,6 +328,7 @@ class WeightSync:
         #: extra seconds granted beyond the servers' own timeout before giving up on them
         self.grace_s = 60.0
         self._transfer_ready = False
+        self._loader: ShmLoader | None = None  # object_store: the staged file of local servers
         if self.mode not in self._MODES:
             raise WeightSyncError(f"unknown inference.weight_sync={self.mode!r}")
 
@@ -345,8 +347,18 @@ class WeightSync:
         return [(s.update_weights_from_disk, str(target)) for s in self.servers]
 
     def _object_store_calls(self, learners: Any, version: int) -> list[_Call]:
+        """The weights are staged on each server's node: by the host actor of a server on a
+        cluster node (one staged file per server), here for all the servers this process
+        started (one file for them all)."""
         refs = [learners.state_ref()]  # in a list: Ray passes it on unresolved
-        return [(_ref_loader(s), refs) for s in self.servers]
+        hosted = [s for s in self.servers if hasattr(s, "update_weights_from_ref")]
+        calls: list[_Call] = [(s.update_weights_from_ref, refs) for s in hosted]
+        local = [s for s in self.servers if not hasattr(s, "update_weights_from_ref")]
+        if local:
+            if self._loader is None:
+                self._loader = ShmLoader()
+            calls.append((functools.partial(self._loader.load, local), refs))
+        return calls
 
     def _state_dict_calls(self, learners: Any, version: int) -> list[_Call]:
         state = learners.full_state()
@@ -416,3 +428,9 @@ class WeightSync:
                     shutil.rmtree(old, ignore_errors=True)
         self.last_push_s = time.perf_counter() - start
         return self.last_push_s
+
+    def close(self) -> None:
+        """Release what the pushes keep between them (the staged file of ``object_store``)."""
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None

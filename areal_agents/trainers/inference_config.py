@@ -37,11 +37,12 @@ class InferenceConfig:
     """Time a server may take to answer its health check."""
     weight_sync: Literal["auto", "disk", "state_dict", "object_store", "nccl", "ipc"] = "auto"
     """How weights travel: ``disk`` (a safetensors checkpoint under the run directory: needs a
-    disk the servers share), ``state_dict`` (tensors in an HTTP body), ``object_store``
-    (built-in server: Ray's object store, then node-local shared memory; no shared disk),
-    ``nccl`` (vLLM on GPUs: vLLM's own weight transfer, a broadcast from learner rank 0 to every
-    server; no shared disk), ``ipc`` (vLLM on the learner's GPU: CUDA IPC handles) or ``auto``
-    (``disk`` on a local run, ``object_store`` attached to a cluster with the built-in server)."""
+    disk the servers share), ``state_dict`` (tensors in an HTTP body), ``object_store`` (Ray's
+    object store, then a safetensors file in the server node's shared memory that the server
+    loads from; no shared disk, any engine), ``nccl`` (vLLM on GPUs: vLLM's own weight
+    transfer, a broadcast from learner rank 0 to every server; no shared disk), ``ipc`` (vLLM
+    on the learner's GPU: CUDA IPC handles) or ``auto`` (``disk`` on a local run,
+    ``object_store`` attached to a cluster)."""
     weight_sync_timeout_s: float = 300.0
     """Time limit of one weight push; beyond it the run fails with WeightSyncError."""
     weight_bucket_mb: float = 256.0
@@ -57,10 +58,11 @@ class InferenceConfig:
     CPU threads are set by its own ``VLLM_CPU_OMP_THREADS_BIND`` instead."""
 
     def resolved_weight_sync(self, on_cluster: bool) -> str:
-        """``weight_sync`` with ``auto`` resolved for a local run or a cluster."""
+        """``weight_sync`` with ``auto`` resolved for a local run or a cluster (where a server
+        need not share the driver's disk)."""
         if self.weight_sync != "auto":
             return self.weight_sync
-        return "object_store" if on_cluster and self.engine == "builtin" else "disk"
+        return "object_store" if on_cluster else "disk"
 
     def __post_init__(self) -> None:
         check_numbers(self, "inference")
@@ -80,11 +82,6 @@ class InferenceConfig:
                 f"inference.weight_sync={self.weight_sync} is vLLM's weight transfer: it needs "
                 f"inference.engine=vllm (got {self.engine}); use weight_sync=state_dict or "
                 "object_store with the built-in server"
-            )
-        if self.weight_sync == "object_store" and self.engine != "builtin":
-            raise ConfigError(
-                f"inference.weight_sync=object_store needs inference.engine=builtin (got "
-                f"{self.engine}); use weight_sync=disk with a shared disk"
             )
         if self.num_servers < 1:
             raise ConfigError(f"inference.num_servers={self.num_servers}: must be at least 1")

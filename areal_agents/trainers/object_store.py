@@ -3,33 +3,32 @@
 The learner's state dict stays where rank 0 returned it, in Ray's object store
 (:meth:`LearnerGroup.state_ref`), as numpy arrays (:func:`to_arrays`): Ray hands numpy arrays
 out of its store without a copy, while torch tensors are unpickled into fresh memory (0.4 s for
-the 513 MB default model, against 0.002 s). On the server's node — the driver for a server it
-started, the server's host actor on a cluster — the reference is resolved (Ray copies the bytes
-between nodes itself), the tensors are written once to node-local shared memory (``/dev/shm``, a
-tmpfs) as a safetensors file, and the server loads that file (its ``/update_weights_from_disk``
-route: a memory-to-memory copy, no HTTP body). Nothing is written under the run directory, so
-this works across nodes without a shared filesystem; it is what ``weight_sync=auto`` picks on a
-cluster.
+the 513 MB default model, against 0.002 s). On the server's node — the driver for the servers it
+started, the server's host actor on a cluster — a :class:`ShmLoader` resolves the reference (Ray
+copies the bytes between nodes itself), copies the arrays once into the safetensors file it
+keeps in node-local shared memory (:class:`~areal_agents.serving.staging.StagingFile`,
+rewritten in place at every push), and has each server on that node load that file through its
+``update_weights_from_disk`` (the built-in server maps it and copies each tensor once into its
+parameter; vLLM reloads from the path). Nothing is written under the run directory, so this
+works across nodes without a shared filesystem, for every engine; it is what
+``weight_sync=auto`` picks on a cluster.
+
+Copies of the weights per push: the learner's return into the object store, the object store
+into the staged file, the file into the server's parameters (three ``memcpy``; the file stays
+allocated and mapped across pushes, so no page is allocated or faulted in again).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Mapping
-from pathlib import Path
+import concurrent.futures
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from areal_agents.errors import WeightSyncError
+from areal_agents.serving.staging import StagingFile
 
-__all__ = ["from_arrays", "push_ref", "shm_root", "stage_state", "to_arrays"]
-
-
-def shm_root() -> str:
-    """Node-local shared memory (``/dev/shm``) when writable, else the temp directory."""
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+__all__ = ["ShmLoader", "from_arrays", "to_arrays"]
 
 
 def _storage_key(tensor: Any) -> tuple[int, int]:
@@ -72,49 +71,55 @@ def from_arrays(arrays: Mapping[str, tuple[Any, str]]) -> dict[str, Any]:
     return out
 
 
-def stage_state(state: Mapping[str, Any]) -> Path:
-    """Write ``state`` as ``model.safetensors`` in a fresh directory under :func:`shm_root`.
+class ShmLoader:
+    """Loads state dicts from Ray's object store into the servers of this node, through one
+    staged file kept across pushes (see the module docstring). Call :meth:`close` when done."""
 
-    A tensor that shares storage with one written before (a tied output head) is left out: a
-    server keeps a missing tensor tied, as it does when loading a checkpoint without it.
-    """
-    from safetensors.torch import save_file
+    def __init__(self, root: str | None = None) -> None:
+        self.staging = StagingFile(root)
+        self.last_seconds: dict[str, float] = {}
+        """The last :meth:`load`'s stages: ``get_s`` (resolve the reference), ``write_s`` (stage
+        the file), ``load_s`` (the servers' loads, side by side)."""
 
-    seen: set[tuple[int, int]] = set()
-    tensors = {}
-    for name, tensor in state.items():
-        key = _storage_key(tensor)
-        if key in seen:
-            continue
-        seen.add(key)
-        tensors[name] = tensor.detach().to("cpu").contiguous()
-    directory = Path(tempfile.mkdtemp(prefix="areal-weights-", dir=shm_root()))
-    try:
-        save_file(tensors, str(directory / "model.safetensors"))
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    return directory
+    def load(self, servers: Sequence[Any], refs: list[Any], version: int, timeout: float) -> None:
+        """Resolve ``refs[0]`` (a state dict in Ray's object store, as :func:`to_arrays` made it)
+        here, stage it, and load it into every one of ``servers`` (anything with
+        ``update_weights_from_disk(path, version, timeout)``) as ``version``."""
+        import ray
 
+        start = time.perf_counter()
+        try:
+            state = ray.get(refs[0], timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise WeightSyncError(
+                f"weight version {version}: the state dict did not arrive from Ray's object "
+                f"store within {timeout}s (inference.weight_sync_timeout_s)"
+            ) from None
+        if not state:
+            raise WeightSyncError(f"weight version {version}: the learner returned no weights")
+        got = time.perf_counter()
+        directory = str(self.staging.write(from_arrays(state)))
+        del state  # the object store may free its copy once the last reference goes
+        written = time.perf_counter()
+        if len(servers) == 1:
+            servers[0].update_weights_from_disk(directory, version=version, timeout=timeout)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
+                loads = [
+                    pool.submit(
+                        s.update_weights_from_disk, directory, version=version, timeout=timeout
+                    )
+                    for s in servers
+                ]
+                for f in loads:
+                    f.result()
+        done = time.perf_counter()
+        self.last_seconds = {
+            "get_s": got - start,
+            "write_s": written - got,
+            "load_s": done - written,
+        }
 
-def push_ref(server: Any, refs: list[Any], version: int, timeout: float) -> None:
-    """Resolve ``refs[0]`` (a state dict in Ray's object store, as :func:`to_arrays` made it)
-    here and load it into ``server`` (anything with ``update_weights_from_disk``) through
-    shared memory."""
-    import ray
-
-    try:
-        state = ray.get(refs[0], timeout=timeout)
-    except ray.exceptions.GetTimeoutError:
-        raise WeightSyncError(
-            f"weight version {version}: the state dict did not arrive from Ray's object store "
-            f"within {timeout}s (inference.weight_sync_timeout_s)"
-        ) from None
-    if not state:
-        raise WeightSyncError(f"weight version {version}: the learner returned no weights")
-    directory = stage_state(from_arrays(state))
-    del state
-    try:
-        server.update_weights_from_disk(str(directory), version=version, timeout=timeout)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    def close(self) -> None:
+        """Remove the staged file (idempotent)."""
+        self.staging.close()
