@@ -24,7 +24,8 @@ an unusable reply, unparseable calls, refused calls).
 
 Subclasses implement :meth:`MultiTurnEnv.sample_task` and :meth:`MultiTurnEnv.score`, and
 usually :meth:`MultiTurnEnv.make_tools`; see ``areal_agents/envs/calculator.py`` for a
-complete small example.
+complete small example. :meth:`MultiTurnEnv.demonstration` (optional) gives the trainer's warm
+start a solved episode to imitate.
 """
 
 from __future__ import annotations
@@ -209,6 +210,19 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
                     ".spec.name and .call; see areal_agents.tools.FunctionTool)"
                 )
         return tools
+
+    def demonstration(self, task: Task) -> list[dict[str, Any]] | None:
+        """Assistant turns that solve ``task``, for the trainer's supervised warm start
+        (:mod:`areal_agents.trainers.warm_start`): OpenAI assistant message dicts, tool calls
+        included, which ``step`` accepts in order; None when there are none. The trainer plays
+        a multi-turn demonstration through ``step`` (the tool results are the environment's
+        own) and keeps it only if it scores full reward; a one-turn demonstration (a reference
+        answer) is kept as written. The default: the task's
+        ``metadata["canonical_solution"]`` as one fenced ``python`` block, if it has one."""
+        solution = task.metadata.get("canonical_solution")
+        if not isinstance(solution, str) or not solution.strip():
+            return None
+        return [{"role": "assistant", "content": f"```python\n{solution.rstrip()}\n```"}]
 
     def score(self, task: Task, submission: str, turn: Turn) -> Score:
         """Reward the final answer. ``submission`` is the answer text (or final tool's argument)."""

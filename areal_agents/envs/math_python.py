@@ -19,6 +19,7 @@ dataset whose answers are not numbers) the answer is scored by that dataset's ow
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -129,6 +130,31 @@ class MathPythonEnv(MultiTurnEnv):
         if "python" not in self.tools:
             return ()
         return (PythonTool(self.sandbox, timeout_s=self.tool_timeout_s),)
+
+    def demonstration(self, task: Task) -> list[dict[str, Any]] | None:
+        r"""An arithmetic task solved with the tool: one ``python`` call printing the task's
+        expression (reasoning-gym's ``metadata["expression"]``), then ``\boxed{answer}``;
+        None for tasks without an expression (word problems, puzzles, JSONL rows)."""
+        entry = task.metadata.get("entry")
+        meta = entry.get("metadata") if isinstance(entry, Mapping) else None
+        expression = meta.get("expression") if isinstance(meta, Mapping) else None
+        if (
+            "python" not in self.tools
+            or not isinstance(expression, str)
+            or task.answer is None
+            or self.max_turns < 2
+        ):
+            return None
+        code = json.dumps({"code": f"print({expression.strip()})"})
+        call = {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": "python", "arguments": code},
+        }
+        return [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "assistant", "content": f"\\boxed{{{task.answer}}}"},
+        ]
 
     def score(self, task: Task, submission: str, turn: Turn) -> Score:
         entry = task.metadata.get("entry")

@@ -25,6 +25,7 @@ Task sources:
 
 from __future__ import annotations
 
+import json
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -212,6 +213,32 @@ class SearchEnv(MultiTurnEnv):
                 "environment a corpus_path or retriever_url for outside questions"
             )
         return self._world_retriever(int(seed))
+
+    def demonstration(self, task: Task) -> list[dict[str, Any]] | None:
+        """A synthetic question solved as the system prompt asks: one search per entity on its
+        chain (each name is in the previous search's result), then ``<answer>...</answer>``;
+        None for outside questions (no chain) and chains longer than ``max_turns`` allows."""
+        path = task.metadata.get("path")
+        if task.metadata.get("source") != "synthetic_kb" or not path or task.answer is None:
+            return None
+        names = [str(name) for name in path[:-1]]
+        if len(names) + 1 > self.max_turns:
+            return None
+        turns: list[dict[str, Any]] = [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "search", "arguments": json.dumps({"query": name})},
+                    }
+                ],
+            }
+            for i, name in enumerate(names)
+        ]
+        return [*turns, {"role": "assistant", "content": f"<answer>{task.answer}</answer>"}]
 
     def score(self, task: Task, submission: str, turn: Turn) -> Score:
         if task.answer is None:

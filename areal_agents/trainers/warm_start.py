@@ -1,12 +1,15 @@
-"""A short supervised warm start on reference solutions, run by the trainer before RL.
+"""A short supervised warm start on demonstrations, run by the trainer before RL.
 
 SmolLM2-135M-Instruct, asked for a function, mostly answers in prose or with a program that
-does not load, so RL on the code environment starts with almost no reward to compare within a
-group. A few supervised steps on the environment's own reference solutions (procedural tasks
-carry one) teach the answer format: one fenced ``python`` block with the function. The
-demonstrations are rendered with the chat template the servers and the learner use (tool
-schemas included), and the loss covers exactly the assistant tokens, up to and including
-``<|im_end|>``. No demonstration is a held-out task.
+does not load, and asked a question that needs the search tool, answers from nowhere without
+calling it; RL then starts with almost no reward to compare within a group. A few supervised
+steps on the environment's own demonstrations (:meth:`MultiTurnEnv.demonstration
+<areal_agents.envs.base.MultiTurnEnv.demonstration>`: the code tasks' reference solutions, the
+synthetic search questions' chains of searches) teach the answer format and the tool use. A
+multi-turn demonstration is played through the environment, so its tool results are real, and
+kept only when it scores. The demonstrations are rendered with the chat template the servers
+and the learner use (tool schemas included), and the loss covers exactly the assistant tokens,
+up to and including ``<|im_end|>``. No demonstration is a held-out task.
 
 The result is written to ``<run>/warm_start`` (renamed into place when complete, so a killed
 run either finds it whole or makes it again); the learners start from it, and the trainer
@@ -25,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.envs.registry import make_env
-from areal_agents.errors import ConfigError
 from areal_agents.files import write_json
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.data import task_id_of
@@ -33,51 +35,87 @@ from areal_agents.types import Message as TypedMessage
 
 __all__ = [
     "DEMO_SEED",
+    "DEMO_SEED_STRIDE",
+    "NO_DEMONSTRATION_PROBE",
     "demonstrations",
     "encode_demonstration",
     "lean_finished_run",
     "run_warm_start",
     "warm_start_info",
+    "warm_start_threads",
 ]
 
 DEMO_SEED = 1_500_000_000
-"""Environment seed of the first demonstration (far from the held-out seeds 0, 1, ...)."""
+"""Environment seed of the first demonstration of ``trainer.seed=0`` (far from the held-out
+seeds 0, 1, ...)."""
+DEMO_SEED_STRIDE = 1_000_000
+"""Each trainer seed draws its own demonstrations: seed ``s`` starts at
+``DEMO_SEED + s * DEMO_SEED_STRIDE``."""
 
 Message = Mapping[str, Any]
+
+
+NO_DEMONSTRATION_PROBE = 8
+"""Tasks in a row without a demonstration, before any was found, that mean the environment has
+none (``MultiTurnEnv.demonstration`` returns None for them)."""
 
 
 def demonstrations(
     cfg: TrainConfig, n: int, exclude: frozenset[str] | None = None
 ) -> list[tuple[list[Message], list[Any]]]:
     """``n`` demonstrations ``(messages, tool schemas)`` from the environment: a task's opening
-    messages and its reference solution as the assistant's reply; ``[]`` when the environment's
-    tasks carry no reference solution. Tasks whose id is in ``exclude`` are skipped."""
+    messages followed by the turns of its ``MultiTurnEnv.demonstration``. A one-turn
+    demonstration (a reference answer) is taken as written; a longer one is played through
+    ``step``, so that its tool results are the environment's own, and kept only when it ends
+    scoring full reward. ``[]`` when the environment has no demonstrations. Tasks whose id is in
+    ``exclude`` are skipped. The tasks depend on ``trainer.seed`` (see
+    :data:`DEMO_SEED_STRIDE`)."""
     env = make_env(cfg.env.name, **cfg.env.make_kwargs())
     out: list[tuple[list[Message], list[Any]]] = []
     try:
         base = env.unwrapped
-        get_task = getattr(base, "get_task", None)
-        if get_task is None:
+        hook = getattr(base, "demonstration", None)
+        if hook is None:
             return []
-        seed = DEMO_SEED
-        while len(out) < n and seed < DEMO_SEED + 20 * n:
+        first = DEMO_SEED + cfg.trainer.seed * DEMO_SEED_STRIDE
+        seed, misses = first, 0
+        while len(out) < n and seed < first + 20 * n:
             obs, info = env.reset(seed=seed)
             seed += 1
+            task = getattr(base, "task", None)
+            if task is None:  # not a MultiTurnEnv: no task to demonstrate
+                return []
             task_id = info.get("task_id") or task_id_of(env, seed - 1)
             if exclude and task_id in exclude:
                 continue
-            try:
-                solution = get_task(task_id).metadata.get("canonical_solution")
-            except ConfigError:  # an environment that cannot look its tasks up by id
-                return []
-            if not isinstance(solution, str) or not solution.strip():
-                return []  # this environment has no reference solutions
-            reply = {"role": "assistant", "content": f"```python\n{solution.rstrip()}\n```"}
-            messages: list[Message] = [dict(m) for m in obs]
-            out.append(([*messages, reply], list(info.get("tools") or [])))
+            turns = hook(task)
+            if not turns:
+                misses += 1
+                if not out and misses >= NO_DEMONSTRATION_PROBE:
+                    return []  # this environment has no demonstrations
+                continue
+            messages = _played(env, [dict(m) for m in obs], turns)
+            if messages is not None:
+                out.append((messages, list(info.get("tools") or [])))
     finally:
         env.close()
     return out
+
+
+def _played(env: Any, messages: list[Message], turns: Sequence[Message]) -> list[Message] | None:
+    """``messages`` with ``turns`` and the environment's replies to them, or None if a played
+    demonstration does not end on full reward (one turn: appended as it is, not graded)."""
+    if len(turns) == 1:
+        return [*messages, dict(turns[0])]
+    reward, terminated, done = 0.0, False, 0
+    for turn in turns:
+        messages.append(dict(turn))
+        obs, reward, terminated, truncated, _ = env.step(dict(turn))
+        messages.extend(dict(m) for m in obs)
+        done += 1
+        if terminated or truncated:
+            break
+    return messages if terminated and done == len(turns) and reward >= 1.0 else None
 
 
 def encode_demonstration(
@@ -114,7 +152,7 @@ def run_warm_start(
     """Fine-tune the model in ``model_dir`` for ``cfg.warm_start.steps`` steps and save it to
     ``<run_dir>/warm_start``; returns what was done (``steps``, ``demos``, ``losses``,
     ``train_s``, also written to ``<run_dir>/warm_start.json``), or None when it does not apply
-    (``steps=0``, or no reference solutions). A complete one (a killed run's) is reused."""
+    (``steps=0``, or no demonstrations). A complete one (a killed run's) is reused."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -128,12 +166,12 @@ def run_warm_start(
         return dict(read_json(out / "warm_start.json"))
     demos = demonstrations(cfg, ws.steps * ws.batch_size, exclude)
     if not demos:
-        print(f"warm start skipped: {cfg.env.name}'s tasks carry no reference solution")
+        print(f"warm start skipped: {cfg.env.name}'s tasks carry no demonstration")
         return None
     start = time.perf_counter()
     threads = torch.get_num_threads()
-    if cfg.trainer.torch_threads:  # as the learners: OpenMP threads spin against each other
-        torch.set_num_threads(cfg.trainer.torch_threads)  # on a small busy machine
+    # nothing else computes while it runs (the servers have loaded and wait): every core
+    torch.set_num_threads(max(warm_start_threads(), cfg.trainer.torch_threads or 1))
     torch.manual_seed(cfg.trainer.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     policy: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -166,6 +204,7 @@ def run_warm_start(
         "demos": len(data),
         "losses": losses,
         "train_s": round(time.perf_counter() - start, 1),
+        "torch_threads": torch.get_num_threads(),
     }
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -181,6 +220,14 @@ def run_warm_start(
     del policy, opt
     torch.set_num_threads(threads)
     return info
+
+
+def warm_start_threads() -> int:
+    """Torch threads of the warm start: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def warm_start_info(run_dir: Path) -> dict[str, Any] | None:

@@ -1,7 +1,9 @@
-"""The supervised warm start the main command runs before RL on the code environment."""
+"""The supervised warm start the main command runs before RL: the code environment's reference
+solutions, and the search environment's demonstrations played through the environment."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -54,8 +56,18 @@ def test_demonstrations_are_correct_solutions_of_non_held_out_tasks() -> None:
             assert terminated and reward == 1.0  # the reference solution passes the tests
     finally:
         env.close()
-    # an environment without reference solutions gets no demonstrations (and no warm start)
+    # an environment without demonstrations gets none (and no warm start)
     assert demonstrations(load_config(TrainConfig, ["env=calculator"]), 4) == []
+
+
+def test_each_trainer_seed_draws_its_own_demonstrations() -> None:
+    prompts = {}
+    for seed in (0, 1):
+        cfg = load_config(TrainConfig, [*CODE, f"trainer.seed={seed}"])
+        prompts[seed] = [str(m[1]["content"]) for m, _ in demonstrations(cfg, 4)]
+        again = [str(m[1]["content"]) for m, _ in demonstrations(cfg, 4)]
+        assert prompts[seed] == again  # a seed's demonstrations are fixed
+    assert not set(prompts[0]) & set(prompts[1])
 
 
 def _task_id(env: object, messages: list[dict[str, object]]) -> str:
@@ -67,6 +79,88 @@ def _task_id(env: object, messages: list[dict[str, object]]) -> str:
         if base.get_task(info["task_id"]).prompt == prompt:
             return str(info["task_id"])
     raise AssertionError("demonstration task not found")
+
+
+SEARCH = ["env=search", "eval.held_out_tasks=8"]
+
+
+def test_search_demonstrations_are_played_through_the_environment_and_score() -> None:
+    cfg = load_config(TrainConfig, SEARCH)
+    held_out = held_out_task_ids(cfg)
+    demos = demonstrations(cfg, 6, held_out)
+    assert len(demos) == 6
+    for messages, tools in demos:
+        assert {t["function"]["name"] for t in tools} == {"search"}
+        roles = [m["role"] for m in messages]
+        searches = roles.count("tool")
+        # system, question, then (a search call, its result) per hop, then the answer
+        assert roles == ["system", "user", *["assistant", "tool"] * searches, "assistant"]
+        assert 1 <= searches <= cfg.env.max_turns - 1
+        answer = str(messages[-1]["content"])
+        assert answer.startswith("<answer>") and answer.endswith("</answer>")
+        # each result is the environment's: it names the entity searched for next, and the
+        # last one names the answer
+        results = [str(m["content"]) for m in messages if m["role"] == "tool"]
+        calls = [m["tool_calls"][0]["function"]["arguments"] for m in messages[2:-1:2]]
+        for result, next_query in zip(results, calls[1:], strict=False):
+            assert json.loads(next_query)["query"] in result
+        assert answer.removeprefix("<answer>").removesuffix("</answer>") in results[-1]
+    # the played episodes scored, and the held-out questions are not among them
+    questions = {str(m[1]["content"]) for m, _ in demos}
+    env = make_env(cfg.env.name, **cfg.env.make_kwargs())
+    try:
+        held = {env.unwrapped.get_task(t).prompt for t in held_out}
+    finally:
+        env.close()
+    assert not questions & held
+
+
+def test_math_demonstrations_print_the_expression_and_box_the_printed_answer() -> None:
+    cfg = load_config(TrainConfig, ["env=math_python", "env.kwargs={sandbox_backend: process}"])
+    demos = demonstrations(cfg, 4, held_out_task_ids(cfg))
+    assert len(demos) == 4
+    for messages, tools in demos:
+        assert {t["function"]["name"] for t in tools} == {"python"}
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+        code = json.loads(messages[2]["tool_calls"][0]["function"]["arguments"])["code"]
+        assert code.startswith("print(")
+        printed = str(messages[3]["content"]).rsplit("stdout:\n", 1)[-1].strip()
+        boxed = str(messages[4]["content"])
+        assert boxed == f"\\boxed{{{printed}}}"  # the sandbox printed the answer it boxes
+    # a math environment without the tool has nothing to demonstrate
+    no_tool = load_config(
+        TrainConfig, ["env=math_python", "env.kwargs={sandbox_backend: process, tools: []}"]
+    )
+    assert demonstrations(no_tool, 2) == []
+
+
+def test_a_demonstration_that_does_not_score_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from areal_agents.envs.search import SearchEnv
+
+    real = SearchEnv.demonstration
+
+    def wrong_answer(self: SearchEnv, task: object) -> list[dict[str, object]] | None:
+        turns = real(self, task)  # type: ignore[arg-type]
+        if turns is None:
+            return None
+        return [*turns[:-1], {"role": "assistant", "content": "<answer>Atlantis</answer>"}]
+
+    monkeypatch.setattr(SearchEnv, "demonstration", wrong_answer)
+    assert demonstrations(load_config(TrainConfig, SEARCH), 2) == []
+
+
+def test_search_demonstrations_train_the_calls_and_the_answer_not_the_results() -> None:
+    from transformers import AutoTokenizer
+
+    (messages, tools), *_ = demonstrations(load_config(TrainConfig, SEARCH), 1)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    ids, mask = encode_demonstration(tokenizer, messages, tools)
+    trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert trained.count("<tool_call>") == sum(m["role"] == "tool" for m in messages)
+    assert trained.endswith("</answer><|im_end|>")
+    for m in messages:
+        if m["role"] == "tool":
+            assert str(m["content"]) not in trained  # the environment's text is not trained on
 
 
 def test_the_loss_mask_covers_the_assistant_reply_through_im_end() -> None:
