@@ -196,7 +196,15 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping threshold (0 disables clipping)."""
     micro_batch_tokens: int = 512
-    """Token budget of one forward/backward micro-batch (gradients accumulate across them)."""
+    """Token budget of one forward/backward micro-batch (gradients accumulate across them):
+    the positions its forward runs on (padded rows x longest, or packed: see below)."""
+    share_prompt_prefix: bool = True
+    """Run the prompt prefix that a micro-batch's rows share (the system prompt and tool
+    schemas, up to the first policy token; at least 16 tokens) once, with each row's rest
+    attending to it, in the learner's forward passes (log-probs with gradient, proximal,
+    reference, critic) and plan micro-batches by those packed tokens. Exact: the same
+    log-probs and gradients as the padded batch, in fewer tokens (``learner/forward_tokens``);
+    false: every row whole, padded (``trainers/forward.py``)."""
     ppo_epochs: int = 1
     """Passes over each batch."""
     minibatches: int = 1
@@ -225,9 +233,12 @@ class TrainerConfig:
     seed: int = 0
     """Seed of the task order, parameter init of new heads, and learner RNG."""
     time_budget_s: float | None = None
-    """Stop cleanly after this many seconds of training (the clock starts once servers and
-    learners are up, and continues across resumes): no step starts past it, the final
-    checkpoint is saved and ``summary.json`` says ``stop_reason: time_budget``. None: no limit."""
+    """Stop cleanly after this many seconds of training, the supervised warm start's included
+    (RL gets what the warm start left; its clock starts once servers and learners are up, and
+    continues across resumes): a step starts only while the time left covers the longest step
+    so far, so the run ends within it; the final checkpoint is saved and
+    ``summary.json`` says ``stop_reason: time_budget`` (``training_s`` gives both parts). The
+    held-out evaluations are not counted. None: no limit."""
     torch_threads: int | None = None
     """Torch (OpenMP) threads of each learner process; None leaves torch's default (or the
     inherited ``OMP_NUM_THREADS``). On small shared hosts 1 avoids thread oversubscription."""
@@ -340,28 +351,42 @@ class HeldOutConfig:
     held_out_tasks: int = 64
     """Held-out tasks (0: no evaluation). Task ``i`` is the one ``env.reset(seed=seed + i)``
     draws, as in ``python -m areal_agents.eval``; training never draws a task with one of their
-    ids. Each is played once, greedily, with ``inference.max_tokens`` per turn, against the
-    trainer's own server: before the first step (the base weights) and after the last."""
+    ids. Each is played once (at ``eval.temperature``), with ``inference.max_tokens`` per turn,
+    against the trainer's own server: before the first step (the base weights) and after the
+    last."""
     seed: int = 0
     """The environment seed of held-out task 0."""
+    temperature: float = 0.0
+    """Sampling temperature of the held-out episodes: 0 is greedy (the default); a policy whose
+    greedy answer is already right but whose samples are not (the calculator quickstart's warm
+    start) is measured at the temperature it trains with, 1.0. The same both times."""
+    before: bool = True
+    """Also score them before training (and before the warm start); false scores them only at
+    the end, e.g. for runs compared with each other from the same start, which need the
+    starting score once (``benchmarks/async_vs_sync.py``)."""
 
     def __post_init__(self) -> None:
         check_numbers(self, "eval")
+        if self.temperature < 0:
+            raise ConfigError(f"eval.temperature={self.temperature}: must be 0 (greedy) or more")
 
 
 @dataclass
 class WarmStartConfig:
-    """A short supervised warm start on the environment's reference solutions, before RL.
+    """A short supervised warm start on the environment's demonstrations, before RL.
 
-    It runs on a fresh run only, and only when the environment's tasks carry a reference
-    solution (``metadata["canonical_solution"]``: ``code_sandbox``'s procedural and HumanEval
-    tasks); other environments skip it. Demonstrations are tasks no held-out id matches,
-    answered with the reference solution in a fenced code block; the loss covers the assistant
-    tokens only. The held-out tasks are scored on the model before it (``held_out.base``) and
-    after it (``held_out.before``, where RL starts), so its own gain is reported apart from RL's.
+    It runs on a fresh run only, and only where the environment demonstrates its tasks
+    (``MultiTurnEnv.demonstration``): ``code_sandbox``'s procedural and HumanEval tasks answered
+    with their reference solution (``metadata["canonical_solution"]``) in a fenced code block,
+    ``search``'s synthetic questions of up to ``max_turns - 1`` hops (one search per hop, then
+    the answer) and ``math_python``'s arithmetic (a ``python`` call printing the expression,
+    then the boxed answer), played through the environment; other environments skip it.
+    Demonstrations are tasks no held-out id matches; the loss covers the assistant tokens only.
+    The held-out tasks are scored on the model before it (``held_out.base``) and after it
+    (``held_out.before``, where RL starts), so its own gain is reported apart from RL's.
     """
 
-    steps: int = 4
+    steps: int = 16
     """Supervised steps (0: no warm start)."""
     batch_size: int = 4
     """Demonstrations per step (one new demonstration each; run one at a time, low memory)."""
@@ -385,14 +410,14 @@ def _recipe_algo() -> AlgoConfig:
 def _recipe_trainer() -> TrainerConfig:
     """The default loop, sized for a 2-core CPU machine: async (with the mode's default
     staleness, so that ``trainer.mode=sync`` needs no other change), 16 episodes a step, one
-    torch thread per process, and a 10-minute training budget."""
+    torch thread per process, and a 20-minute training budget (the warm start's included)."""
     return TrainerConfig(
         total_steps=1000,  # an upper bound: the time budget stops the run
         groups_per_step=4,
         lr=2e-5,
         micro_batch_tokens=2048,
         max_concurrent_groups=8,
-        time_budget_s=600.0,
+        time_budget_s=1200.0,
         torch_threads=1,
     )
 
@@ -423,7 +448,7 @@ class TrainConfig:
     eval: HeldOutConfig = field(default_factory=HeldOutConfig)
     """Held-out success before and after training."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    """The supervised warm start before RL (environments with reference solutions only)."""
+    """The supervised warm start before RL (environments that demonstrate their tasks only)."""
     output_dir: str | None = None
     """Run directory (None: ``runs/<env>-<algo>``; re-running the same command resumes it)."""
 

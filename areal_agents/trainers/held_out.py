@@ -5,9 +5,10 @@ The held-out tasks are those ``python -m areal_agents.eval`` plays with ``seed=e
 starts (:func:`held_out_task_ids`); the rollout workers never train on a task with one of them
 (:func:`~areal_agents.trainers.data.avoid_tasks`). :func:`evaluate` runs the eval command's
 own machinery (:func:`~areal_agents.eval.run_eval`) against the trainer's inference server,
-greedily, once per task, with the training's per-turn token limit: before the first step and
-after the last, into ``<run>/eval/before`` and ``<run>/eval/after`` (each with its
-``summary.json``, ``transcripts.jsonl`` and ``index.html`` viewer).
+once per task at ``eval.temperature`` (greedy by default), with the training's per-turn token
+limit: before the first step and after the last, into ``<run>/eval/before`` and
+``<run>/eval/after`` (each with its ``summary.json``, ``transcripts.jsonl`` and ``index.html``
+viewer).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def _result(summary: Mapping[str, Any], directory: Path) -> dict[str, Any]:
 
 
 def evaluate(cfg: TrainConfig, base_url: str, served_name: str, directory: Path) -> dict[str, Any]:
-    """Play the held-out tasks against ``base_url`` (the trainer's server) into ``directory``;
+    """Play the held-out tasks against ``base_url`` (the trainer's server) into ``directory``, at
+    ``eval.temperature`` (greedy by default);
     returns ``success`` (the share of tasks solved, ``pass@1``), ``mean_reward``, ``episodes``,
     ``dropped``, ``sampling`` and ``viewer`` (the transcript viewer's path)."""
     from areal_agents.eval import EvalConfig, EvalPolicyConfig, _make_policy, run_eval
@@ -73,7 +75,7 @@ def evaluate(cfg: TrainConfig, base_url: str, served_name: str, directory: Path)
         policy=EvalPolicyConfig(
             base_url=base_url,
             model=served_name,
-            temperature=0.0,
+            temperature=cfg.eval.temperature,
             max_tokens=cfg.inference.max_tokens,
             timeout_s=cfg.inference.request_timeout_s,
         ),
@@ -110,6 +112,15 @@ def _gain(old: float | None, new: float | None) -> str:
     return "" if old is None or new is None else f"  ({100 * (new - old):+.1f} points)"
 
 
+def _sampling(held: Mapping[str, Any]) -> str:
+    """How the held-out episodes were sampled, in words: ``greedy`` or ``temperature T``."""
+    for when in ("after", "before", "base"):
+        temperature = ((held.get(when) or {}).get("sampling") or {}).get("temperature")
+        if temperature is not None:
+            return "greedy" if float(temperature) == 0.0 else f"temperature {temperature:g}"
+    return "greedy"
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"
@@ -131,7 +142,7 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
     if held.get("tasks") and base:
         z, b, a = base.get("success"), before.get("success"), after.get("success")
         lines.append(
-            f"held-out success ({held['tasks']} tasks never trained on, greedy): "
+            f"held-out success ({held['tasks']} tasks never trained on, {_sampling(held)}): "
             f"{_pct(z)} -> {_pct(a)}{_gain(z, a)}"
         )
         lines.append(
@@ -142,7 +153,7 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
     elif held.get("tasks"):
         b, a = before.get("success"), after.get("success")
         lines.append(
-            f"held-out success ({held['tasks']} tasks never trained on, greedy): "
+            f"held-out success ({held['tasks']} tasks never trained on, {_sampling(held)}): "
             f"{_pct(b)} -> {_pct(a)}{_gain(b, a)}"
         )
     else:
@@ -160,13 +171,18 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
     ]
     lines.append("transcripts:       " + ", ".join(viewers))
     times = summary.get("times") or {}
+    training = summary.get("training_s") or {}
+    parts = (
+        f" (warm start {_duration(training['warm_start'])}, RL {_duration(training['rl'])})"
+        if training.get("warm_start")
+        else ""
+    )
     lines.append(
         f"time:              {_duration(times.get('total_s'))} in all; first trained step "
         f"after {_duration(summary.get('time_to_first_step_s'))} "
         f"({_duration(summary.get('time_to_first_step_without_eval_s'))} without the "
-        f"held-out evaluation); training "
-        f"{_duration(summary.get('wall_s'))}; held-out evaluation "
-        f"{_duration(times.get('eval_s'))}"
+        f"held-out evaluation); training {_duration(training.get('total', summary.get('wall_s')))}"
+        f"{parts}; held-out evaluation {_duration(times.get('eval_s'))}"
     )
     lines.append("=" * 72)
     return "\n".join(lines)

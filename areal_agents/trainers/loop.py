@@ -11,7 +11,8 @@ The driver loop below repeats::
 
 ``trainer.mode=sync`` is the same loop with staleness 0: nothing is admitted while the learner
 works, so generation and learning alternate. The run ends after ``trainer.total_steps``, or
-earlier once ``trainer.time_budget_s`` of training time is spent (no step starts after it);
+earlier once ``trainer.time_budget_s`` of training time is spent: a step starts only while the
+time left covers the longest step so far, so that the run ends within its budget;
 either way the last step is checkpointed and ``summary.json`` gives the ``stop_reason``. On the
 way a checkpoint is saved every ``trainer.checkpoint_interval_s`` seconds (and every
 ``trainer.checkpoint_every`` steps if set), and on SIGTERM/SIGINT after the current step.
@@ -76,7 +77,13 @@ from areal_agents.trainers.step_records import (
     waiting_postfix,
     write_transcript_viewer,
 )
-from areal_agents.trainers.stop import GracefulStop, StartupClock
+from areal_agents.trainers.stop import (
+    GracefulStop,
+    StartupClock,
+    latest_step_start,
+    over,
+    rl_budget_s,
+)
 from areal_agents.trainers.warm_start import lean_finished_run, run_warm_start, warm_start_info
 
 __all__ = ["train"]
@@ -111,6 +118,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     learners: LearnerGroup | None = None
     workers: list[Any] = []
     runs: list[Any] = []
+    sync: WeightSync | None = None
     started_ray = False
     try:
         if not cfg.ray.address:  # local servers load the model while Ray starts
@@ -206,15 +214,20 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         )
         last_ckpt, last_ckpt_at = step, time.perf_counter()
         budget = cfg.trainer.time_budget_s
-        deadline = None if budget is None else start + budget
+        warm = warm_start_info(run_dir)  # what the run's warm start did (None: it had none)
+        warm_s = float((warm or {}).get("train_s") or 0.0)
+        rl_budget = rl_budget_s(budget, warm_s)
+        deadline = None if rl_budget is None else start + rl_budget
         stop_reason = "total_steps"
         stats = ray.get(buffer.stats.remote())  # dropped episodes are counted from here on
         stop.arm()
         first_step = step
+        longest_step_s = 0.0
         while step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
-            groups = None if stop.requested else wait_for_batch(buffer, runs, bar, deadline, stop)
-            if groups is None:  # a signal, or the time budget ran out before this step started
+            last_start = latest_step_start(deadline, longest_step_s)
+            groups = None if stop.requested else wait_for_batch(buffer, runs, bar, last_start, stop)
+            if groups is None:  # a signal, or too little of the time budget left for a step
                 stop_reason = stop.name or "time_budget"
                 break
             t1 = time.perf_counter()
@@ -238,6 +251,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 "step_s": time.perf_counter() - t0,
                 "elapsed_s": time.perf_counter() - start,
             }
+            longest_step_s = max(longest_step_s, times["step_s"])
             metrics = step_metrics(step, groups, learn, stats, times)
             metrics["server/weight_version"] = min(sync.served_versions)
             metrics.update(health_metrics(trajectories, stats_before, stats))
@@ -275,6 +289,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "finished": True,
             "stop_reason": stop_reason,
             "time_budget_s": budget,
+            "training_s": {  # what the budget counts: the warm start, then RL
+                "warm_start": warm_s,
+                "rl": round(eval_start - start, 1),
+                "total": round(warm_s + eval_start - start, 1),
+            },
             "env": cfg.env.name,
             "model": cfg.model.name,
             "torch_threads": threads,
@@ -282,7 +301,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "time_to_first_step_without_eval_s": (
                 None if first is None or resume_from is not None else round(first - eval_s, 3)
             ),
-            "warm_start": warm_start_info(run_dir),
+            "warm_start": warm,
             "held_out": {
                 "tasks": cfg.eval.held_out_tasks,
                 "seed": cfg.eval.seed,
@@ -309,6 +328,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         print(closing_screen(summary))
         return summary
     finally:
+        if sync is not None:
+            sync.close()  # the weights it staged in shared memory (weight_sync=object_store)
         shutdown(workers, runs, learners, servers, started_ray)
         stop.uninstall()
 
@@ -354,9 +375,10 @@ def held_out_before(
     name: str = "before",
 ) -> dict[str, Any] | None:
     """Held-out success of the served weights before any step: measured now on a fresh run,
-    read back from ``<run>/eval/<name>`` on a resumed one; None with ``eval.held_out_tasks=0``.
+    read back from ``<run>/eval/<name>`` on a resumed one; None with ``eval.held_out_tasks=0``
+    or ``eval.before=false``.
     ``name``: ``before`` (the weights RL starts from) or ``base`` (before the warm start)."""
-    if not cfg.eval.held_out_tasks:
+    if not cfg.eval.held_out_tasks or not cfg.eval.before:
         return None
     directory = run_dir / "eval" / name
     if not fresh:
@@ -415,11 +437,6 @@ def start_workers(
         )
         for i in range(cfg.trainer.rollout_workers)
     ]
-
-
-def over(deadline: float | None) -> bool:
-    """Whether the ``time.perf_counter()`` deadline (None: none) has passed."""
-    return deadline is not None and time.perf_counter() >= deadline
 
 
 def wait_for_batch(

@@ -5,7 +5,8 @@ exception: there is nothing to save yet. Once :meth:`GracefulStop.arm` is called
 signal only records the request: the loop finishes the step in progress, saves a checkpoint
 and exits with ``128 + signal`` (a re-run resumes from that checkpoint). A second signal
 unwinds at once, as before (the last checkpoint on disk is still whole: checkpoints are
-committed by rename).
+committed by rename). The time budget's rules (:func:`rl_budget_s`,
+:func:`latest_step_start`, :func:`over`) decide when the loop stops starting steps.
 
 >>> import os, signal
 >>> stop = GracefulStop()
@@ -26,7 +27,7 @@ import time
 from types import FrameType
 from typing import Any
 
-__all__ = ["GracefulStop", "StartupClock"]
+__all__ = ["GracefulStop", "StartupClock", "latest_step_start", "over", "rl_budget_s"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -135,3 +136,30 @@ def _process_start() -> float:
         return float(psutil.Process(os.getpid()).create_time())
     except Exception:  # pragma: no cover - psutil is a dependency
         return time.time()
+
+
+# ---- the time budget: when the loop may start a step -------------------------------------
+
+
+def rl_budget_s(budget: float | None, warm_start_s: float) -> float | None:
+    """RL's share of ``trainer.time_budget_s``: what the warm start left of it (None: none).
+
+    >>> rl_budget_s(1200.0, 150.0), rl_budget_s(100.0, 150.0), rl_budget_s(None, 150.0)
+    (1050.0, 0.0, None)
+    """
+    return None if budget is None else max(0.0, budget - warm_start_s)
+
+
+def latest_step_start(deadline: float | None, longest_step_s: float) -> float | None:
+    """The last moment a step may start (take its batch) and still end by ``deadline``,
+    judged by the longest step so far (0 before the first); None: no deadline.
+
+    >>> latest_step_start(1000.0, 0.0), latest_step_start(1000.0, 107.5), latest_step_start(None, 9)
+    (1000.0, 892.5, None)
+    """
+    return None if deadline is None else deadline - longest_step_s
+
+
+def over(deadline: float | None) -> bool:
+    """Whether the ``time.perf_counter()`` deadline (None: none) has passed."""
+    return deadline is not None and time.perf_counter() >= deadline
