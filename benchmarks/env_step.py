@@ -7,10 +7,14 @@ Two figures:
    parses and runs one in-process tool call, and ``reset``. Target: under 1 ms per step.
 2. **Rollout throughput** against the built-in inference server as the number of concurrent
    episodes grows (1, 2, 4, ...): episodes/s and generated tokens/s, until the server saturates
-   (the next doubling gains less than ``--saturation-gain``).
+   (the next doubling gains less than ``--saturation-gain``). ``--prefix-cache-mb 0`` runs the
+   server without prefix caching; each level reports the share of prompt tokens the server
+   took from its prefix cache instead of prefilling them.
 
     python benchmarks/env_step.py                        # default model, full sweep
     python benchmarks/env_step.py --model tiny --concurrency 1,2,4 --episodes 8   # smoke run
+    python benchmarks/env_step.py --env code_sandbox --skip-overhead --concurrency 1,4,16 \
+        --max-tokens 80 --temperature 0 --saturation-gain -1 --prefix-cache-mb 0  # no cache
 
 Figures are printed and, with ``--json PATH``, written as JSON.
 """
@@ -79,14 +83,15 @@ async def _level(
 ) -> dict[str, Any]:
     envs = [make_env(env_name, **env_kwargs) for _ in range(concurrency)]
     seeds = iter(range(seed0, seed0 + episodes))
-    tokens = turns = done = 0
+    tokens = turns = done = prompt_tokens = 0
     durations: list[float] = []
 
     async def lane(env: Any) -> None:
-        nonlocal tokens, turns, done
+        nonlocal tokens, turns, done, prompt_tokens
         for seed in seeds:
             episode = await run_episode(env, policy, seed=seed)
             tokens += sum(len(t.completion_ids or ()) for t in episode.turns)
+            prompt_tokens += sum(len(t.prompt_ids or ()) for t in episode.turns)
             turns += episode.num_turns
             done += 1
             durations.append(episode.duration_s)
@@ -101,6 +106,7 @@ async def _level(
         "episodes": done,
         "requests": turns,
         "tokens": tokens,
+        "prompt_tokens": prompt_tokens,
         "wall_s": round(wall, 3),
         "episodes_per_s": round(done / wall, 3),
         "tokens_per_s": round(tokens / wall, 2),
@@ -116,11 +122,15 @@ def rollout_sweep(
     max_tokens: int = 48,
     saturation_gain: float = 0.10,
     server_log: str | None = None,
+    prefix_cache_mb: float | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, Any]:
     """Episodes/s and tokens/s at each concurrency against one built-in server.
 
     ``episodes`` per level (0: ``max(2 * concurrency, 8)``). The sweep stops after the first
     level that gains less than ``saturation_gain`` over the best before it.
+    ``prefix_cache_mb`` is the server's ``--prefix-cache-mb`` (None: its default);
+    ``temperature`` 0 makes the episodes greedy (the same work in two runs).
     """
     from transformers import AutoTokenizer
 
@@ -131,10 +141,13 @@ def rollout_sweep(
     model_dir = resolve_model_dir(model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     max_batch = max(concurrency)
+    extra = ["--max-batch-size", str(max_batch)]
+    if prefix_cache_mb is not None:
+        extra += ["--prefix-cache-mb", str(prefix_cache_mb)]
     server = BuiltinServer(
         str(model_dir),
         served_model_name="policy",
-        extra_args=["--max-batch-size", str(max_batch)],
+        extra_args=extra,
         log_path=server_log,
     )
     levels: list[dict[str, Any]] = []
@@ -148,6 +161,7 @@ def rollout_sweep(
             "policy",
             tokenizer,
             max_tokens=max_tokens,
+            temperature=temperature,
             max_concurrency=max_batch,
             timeout=900,
         )
@@ -157,7 +171,13 @@ def rollout_sweep(
         best = 0.0
         for c in concurrency:
             n = episodes or max(2 * c, 8)
+            before = _server_stats(server.root_url)
             row = asyncio.run(_level(env_name, env_kwargs, policy, c, n, 1000 * c))
+            after = _server_stats(server.root_url)
+            row["engine"] = _engine_delta(before, after)
+            row["prefix_cache"] = _prefix_delta(
+                before.get("prefix_cache") or {}, after.get("prefix_cache") or {}
+            )
             gain = row["tokens_per_s"] / best - 1 if best else None
             row["gain_vs_best_before"] = None if gain is None else round(gain, 3)
             levels.append(row)
@@ -165,7 +185,10 @@ def rollout_sweep(
                 f"  concurrency {c:3d}: {row['episodes']:4d} episodes in {row['wall_s']:7.1f} s"
                 f"  {row['episodes_per_s']:6.2f} ep/s  {row['tokens_per_s']:8.1f} tok/s"
                 f"  latency {row['episode_latency_s']:.2f} s"
-                + (f"  gain {gain:+.0%}" if gain is not None else ""),
+                + (f"  gain {gain:+.0%}" if gain is not None else "")
+                + f"  prompt tokens from cache {row['prefix_cache'].get('reused_share', 0):.0%}"
+                + f"  engine CPU s: prefill {row['engine'].get('prefill_cpu_s', 0):.1f}"
+                + f" decode {row['engine'].get('decode_cpu_s', 0):.1f}",
                 flush=True,
             )
             if gain is not None and gain < saturation_gain:
@@ -177,6 +200,8 @@ def rollout_sweep(
         "model": model,
         "env": env_name,
         "max_tokens": max_tokens,
+        "prefix_cache_mb": prefix_cache_mb,
+        "temperature": temperature,
         "server_startup_s": round(startup, 1),
         "levels": levels,
         "saturated_at": saturated_at,
@@ -184,6 +209,32 @@ def rollout_sweep(
         "peak_concurrency": peak["concurrency"],
         "speedup_peak_vs_1": round(peak["tokens_per_s"] / levels[0]["tokens_per_s"], 2),
     }
+
+
+def _server_stats(root_url: str) -> dict[str, Any]:
+    """The server's counters (``/weight_version``: decoding steps, engine seconds, prefix cache)."""
+    import httpx
+
+    stats: dict[str, Any] = httpx.get(f"{root_url}/weight_version", timeout=30).json()
+    return stats
+
+
+def _engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The engine's decoding steps and seconds prefilling and decoding (wall, and CPU of its
+    scheduler thread: its compute, whatever else runs on the machine) during one level."""
+    keys = ("decode_steps", "prefill_s", "prefill_cpu_s", "decode_s", "decode_cpu_s")
+    return {k: round(after.get(k, 0) - before.get(k, 0), 3) for k in keys if k in after}
+
+
+def _prefix_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What the prefix cache did during one level: lookups, hits, prompt tokens looked up and
+    reused, and the share reused; plus what it held at the end."""
+    counts = ("lookups", "hits", "looked_up_tokens", "reused_tokens", "stored", "evicted")
+    out: dict[str, Any] = {k: after.get(k, 0) - before.get(k, 0) for k in counts}
+    looked = out["looked_up_tokens"]
+    out["reused_share"] = round(out["reused_tokens"] / looked, 3) if looked else 0.0
+    out["entries"], out["bytes"] = after.get("entries", 0), after.get("bytes", 0)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -194,23 +245,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,64")
     parser.add_argument("--episodes", type=int, default=0, help="per level (0: 2 x concurrency)")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy episodes")
     parser.add_argument("--saturation-gain", type=float, default=0.10)
     parser.add_argument("--skip-rollout", action="store_true")
+    parser.add_argument(
+        "--skip-overhead", action="store_true", help="no step-overhead figures (calculator-shaped)"
+    )
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=None,
+        help="the server's --prefix-cache-mb (0: no prefix caching; unset: its default)",
+    )
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
 
     result: dict[str, Any] = {"benchmark": "env_step", "machine": machine_info()}
-    overhead = step_overhead(args.env, args.steps)
-    result["overhead"] = overhead
-    print(f"env step overhead ({args.env}, {args.steps} episodes, gym.make wrappers included):")
-    for key in ("step_final_answer", "step_with_tool_call", "reset"):
-        row = overhead[key]
-        print(
-            f"  {key:20s} median {row['median_us']:8.1f} us  p90 {row['p90_us']:8.1f} us"
-            f"  mean {row['mean_us']:8.1f} us  (n={row['n']})"
-        )
-    target = overhead["step_final_answer"]["median_us"] < 1000
-    print(f"  target < 1 ms per step without a tool call: {'met' if target else 'NOT met'}")
+    if not args.skip_overhead:
+        _print_overhead(result, args.env, args.steps)
     if not args.skip_rollout:
         levels = [int(x) for x in args.concurrency.split(",") if x]
         print(f"rollout throughput vs concurrent episodes (built-in server, model={args.model}):")
@@ -221,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             args.episodes,
             args.max_tokens,
             args.saturation_gain,
+            prefix_cache_mb=args.prefix_cache_mb,
+            temperature=args.temperature,
         )
         r = result["rollout"]
         print(
@@ -234,6 +288,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
     write_json(args.json, result)
     return result
+
+
+def _print_overhead(result: dict[str, Any], env: str, steps: int) -> None:
+    overhead = step_overhead(env, steps)
+    result["overhead"] = overhead
+    print(f"env step overhead ({env}, {steps} episodes, gym.make wrappers included):")
+    for key in ("step_final_answer", "step_with_tool_call", "reset"):
+        row = overhead[key]
+        print(
+            f"  {key:20s} median {row['median_us']:8.1f} us  p90 {row['p90_us']:8.1f} us"
+            f"  mean {row['mean_us']:8.1f} us  (n={row['n']})"
+        )
+    target = overhead["step_final_answer"]["median_us"] < 1000
+    print(f"  target < 1 ms per step without a tool call: {'met' if target else 'NOT met'}")
 
 
 if __name__ == "__main__":

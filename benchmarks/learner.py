@@ -8,17 +8,22 @@
    Each runs in a fresh process with all the machine's cores (split evenly over ranks). Printed:
    seconds per step, microseconds per trained token, and the FSDP/plain ratios (target: 2 ranks
    within 1.15x of plain torch).
-2. **Weight push**: the default model's full weights pushed to a running built-in server —
-   through a safetensors directory on disk (write + load), in memory over HTTP and through Ray's
-   object store (``weight_sync=object_store``: put, get, shared memory, load) — and, when a
-   vLLM interpreter is available (``AREAL_VLLM_PYTHON`` or ``.venv-vllm``) and
-   ``--vllm`` is given, to a vLLM server.
+2. **Weight push** (``push_latency.py``): the default model's full weights pushed to a running
+   built-in server — through a safetensors directory on disk, in memory over HTTP and through
+   Ray's object store — and, with ``--vllm`` and a vLLM interpreter, to a vLLM server.
 
     python benchmarks/learner.py --json benchmarks/results/learner.json
     python benchmarks/learner.py --model tiny --rows 4 --seq-len 64 --steps 1 --no-push   # smoke
 
 3. **LoRA** (``--lora R``): full fine-tuning against LoRA rank ``R`` — peak memory, optimizer
    state, step and push time (``benchmarks/learner_lora.py``).
+4. **The shared prompt prefix** (``--workload code --share both``): batches as the code
+   environment makes them (:func:`code_batch`: the rendered system prompt, tool schemas and
+   task, ~330 tokens of which every episode shares, then the reply) trained by the Learner with
+   ``trainer.share_prompt_prefix`` on (``fsdp1``) and off (``fsdp1_noshare``)::
+
+    python benchmarks/learner.py --workload code --rows 16 --micro-batch-tokens 2048 \
+        --threads 1 --configs fsdp1 --share both --no-push --json results/learner_shared_prefix.json
 """
 
 from __future__ import annotations
@@ -28,16 +33,16 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine_info, write_json
+from _common import machine_info, write_json
+from push_latency import push_latency
 
-__all__ = ["main", "synthetic_batch"]
+__all__ = ["code_batch", "main", "synthetic_batch"]
 
 
 def synthetic_batch(
@@ -68,12 +73,85 @@ def synthetic_batch(
     return out
 
 
-def _spec(model_dir: str, rank: int, world: int, micro_batch_tokens: int) -> Any:
+_WORDS = ("the", "function", "returns", "a", "list", "value", "loop", "each", "case", "first")
+
+
+def code_batch(rows: int, model_dir: str, group_size: int = 4, seed: int = 0) -> list[Any]:
+    """Code-environment episodes as the learner gets them: the prompt the model's chat template
+    renders (system prompt, tool schemas, the task: ~400 tokens, the first ~330 the same for
+    every task) and a one-turn reply (a sentence of 0-40 words, then the task's own solution in
+    a fenced block, closing the turn) as the policy tokens; ``group_size`` episodes per task."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from areal_agents.envs.code_sandbox import CodeSandboxEnv
+    from areal_agents.envs.tasks.code import ProceduralCodeTasks
+    from areal_agents.policies.templates import render_prompt_ids
+    from areal_agents.types import Trajectory
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+    tasks = ProceduralCodeTasks()
+    env = CodeSandboxEnv(sandbox_backend="process")
+    rng = random.Random(seed)
+    out = []
+    try:
+        for g in range((rows + group_size - 1) // group_size):
+            obs, info = env.reset(seed=seed * 100_003 + g)
+            prompt = render_prompt_ids(tokenizer, obs, info["tools"])
+            solution = tasks.get(info["task_id"]).metadata["canonical_solution"]
+            for _ in range(min(group_size, rows - len(out))):
+                words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(0, 40)))
+                reply = f"{words}\n```python\n{solution}```<|im_end|>"
+                completion = list(tokenizer.encode(reply, add_special_tokens=False))
+                mask = [0] * len(prompt) + [1] * len(completion)
+                out.append(
+                    Trajectory(
+                        sequence_ids=tuple(prompt + completion),
+                        loss_mask=tuple(mask),
+                        behavior_logprobs=tuple(-1.0 * m for m in mask),
+                        versions=tuple(0 if m else -1 for m in mask),
+                        reward=float(rng.random() < 0.5),
+                        group_id=f"g{g}",
+                        task_id=info["task_id"],
+                    )
+                )
+    finally:
+        env.close()
+    return out
+
+
+def batch_shape(batch: list[Any]) -> dict[str, Any]:
+    """Lengths, and the prefix every row shares (up to the first policy token)."""
+    first = min(t.loss_mask.index(1) if 1 in t.loss_mask else len(t.loss_mask) for t in batch)
+    ids = [t.sequence_ids for t in batch]
+    shared = 0
+    while shared < first and all(len(x) > shared and x[shared] == ids[0][shared] for x in ids):
+        shared += 1
+    lengths = [len(x) for x in ids]
+    return {
+        "rows": len(batch),
+        "min_len": min(lengths),
+        "max_len": max(lengths),
+        "mean_len": round(statistics.fmean(lengths), 1),
+        "shared_prefix": shared,
+        "mean_rest": round(statistics.fmean(n - shared for n in lengths), 1),
+    }
+
+
+def _spec(
+    model_dir: str, rank: int, world: int, micro_batch_tokens: int, share: bool = True
+) -> Any:
     from areal_agents.trainers.algorithms import AlgoConfig
     from areal_agents.trainers.config import ModelConfig, TrainerConfig
     from areal_agents.trainers.learner import LearnerSpec
 
-    trainer = TrainerConfig(lr=1e-6, groups_per_step=1, micro_batch_tokens=micro_batch_tokens)
+    trainer = TrainerConfig(
+        lr=1e-6,
+        groups_per_step=1,
+        micro_batch_tokens=micro_batch_tokens,
+        share_prompt_prefix=share,
+    )
     return LearnerSpec(
         model_dir=model_dir,
         algo=AlgoConfig.from_name("grpo"),
@@ -153,29 +231,32 @@ def _rank(
     micro_batch_tokens: int,
     threads: int,
     out: Any,
+    share: bool = True,
 ) -> None:
     import torch
 
     torch.set_num_threads(threads)
     if world == 0:  # plain torch
-        out.put(("plain", _plain(model_dir, batch, steps, micro_batch_tokens)))
+        out.put(("plain", _plain(model_dir, batch, steps, micro_batch_tokens), {}))
         return
     from areal_agents.trainers.learner import Learner
 
     if _gpu():
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    learner = Learner(_spec(model_dir, rank, world, micro_batch_tokens))
+    learner = Learner(_spec(model_dir, rank, world, micro_batch_tokens, share))
     learner.setup("127.0.0.1", port)
     times = []
+    metrics: dict[str, float] = {}
     for _ in range(steps + 1):
         t0 = time.perf_counter()
-        learner.train_step(batch)
+        metrics = learner.train_step(batch)
         if _gpu():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     learner.shutdown()
     if rank == 0:
-        out.put((f"fsdp{world}", times[1:]))
+        label = f"fsdp{world}" + ("" if share else "_noshare")
+        out.put((label, times[1:], metrics))
 
 
 def time_per_token(
@@ -184,8 +265,12 @@ def time_per_token(
     steps: int,
     micro_batch_tokens: int,
     configs: Sequence[str] = ("plain", "fsdp1", "fsdp2"),
+    threads: int | None = None,
+    share: Sequence[bool] = (True,),
 ) -> dict[str, Any]:
-    """Seconds per step of each configuration, each in fresh processes."""
+    """Seconds per step of each configuration, each in fresh processes: ``threads`` torch
+    threads per rank (default: the machine's cores split over the ranks); the FSDP ones with
+    ``trainer.share_prompt_prefix`` set to each of ``share`` (off: ``fsdpN_noshare``)."""
     from areal_agents.net import free_port
 
     cores = os.cpu_count() or 1
@@ -193,45 +278,53 @@ def time_per_token(
     total = sum(len(t.sequence_ids) for t in batch)
     ctx = mp.get_context("spawn")
     results: dict[str, Any] = {}
-    for name in configs:
+    runs = [(n, s) for n in configs for s in (share if n != "plain" else (True,))]
+    for name, shared in runs:
         world = 0 if name == "plain" else int(name.removeprefix("fsdp"))
-        threads = max(1, cores // max(1, world))
+        per_rank = threads or max(1, cores // max(1, world))
         queue = ctx.Queue()
         port = free_port()
-        procs = [
-            ctx.Process(
-                target=_rank,
-                args=(r, world, port, model_dir, batch, steps, micro_batch_tokens, threads, queue),
-            )
-            for r in range(max(1, world))
-        ]
-        start = time.perf_counter()
+        args = (port, model_dir, batch, steps, micro_batch_tokens, per_rank, queue, shared)
+        procs = [ctx.Process(target=_rank, args=(r, world, *args)) for r in range(max(1, world))]
+        start, load = time.perf_counter(), os.getloadavg()[0]
         for p in procs:
             p.start()
-        label, times = queue.get(timeout=3600)
+        label, times, metrics = queue.get(timeout=3600)
         for p in procs:
             p.join(timeout=120)
         step_s = statistics.median(times)
         results[label] = {
             "ranks": world,
-            "threads_per_rank": threads,
+            "threads_per_rank": per_rank,
             "step_s": [round(t, 3) for t in times],
             "median_step_s": round(step_s, 3),
             "us_per_trained_token": round(1e6 * step_s / trained, 1),
             "us_per_token": round(1e6 * step_s / total, 1),
+            "trained_tokens_per_s": round(trained / step_s, 2),
+            "tokens_per_s": round(total / step_s, 2),
             "wall_s": round(time.perf_counter() - start, 1),
+            "load_1min": [round(load, 2), round(os.getloadavg()[0], 2)],  # at start and end
         }
+        if "learner/forward_tokens" in metrics:
+            results[label]["forward_tokens"] = metrics["learner/forward_tokens"]
         print(
-            f"  {label:6s} ranks={max(1, world)} threads/rank={threads}: median step "
+            f"  {label:13s} ranks={max(1, world)} threads/rank={per_rank}: median step "
             f"{step_s:7.2f} s  {results[label]['us_per_trained_token']:8.1f} us/trained token"
+            f"  {results[label]['tokens_per_s']:7.1f} tokens/s"
+            f"  forward tokens {results[label].get('forward_tokens', '-')}"
             f"  (steps {results[label]['step_s']})",
             flush=True,
         )
     base = results.get("plain", {}).get("median_step_s")
     ratios = {}
     for label, row in results.items():
-        if label != "plain" and base:
+        if label != "plain" and base and not label.endswith("_noshare"):
             ratios[f"{label}_vs_plain"] = round(row["median_step_s"] / base, 3)
+        padded = results.get(f"{label}_noshare")
+        if padded:
+            ratios[f"{label}_share_vs_noshare"] = round(
+                row["median_step_s"] / padded["median_step_s"], 3
+            )
     return {
         "rows": len(batch),
         "tokens": total,
@@ -241,136 +334,27 @@ def time_per_token(
     }
 
 
-def _vllm_python() -> str | None:
-    env = os.environ.get("AREAL_VLLM_PYTHON")
-    if env and Path(env).is_file():
-        return env
-    local = REPO / ".venv-vllm" / "bin" / "python"
-    return str(local) if local.is_file() else None
-
-
-def _push_rounds(server: Any, model_dir: str, repeats: int, in_memory: bool) -> dict[str, Any]:
-    """Push the model's own weights ``repeats`` times via disk (and in memory, and through
-    Ray's object store, if supported)."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
-
-    from areal_agents.trainers.modeling import load_policy
-
-    model = load_policy(Path(model_dir))
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    if getattr(model.config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    size_mb = sum(v.numel() * v.element_size() for v in state.values()) / 2**20
-    config = AutoConfig.from_pretrained(model_dir)
-    version = server.weight_version()
-    disk, write, mem, store = [], [], [], []
-    with tempfile.TemporaryDirectory(prefix="areal-push-") as tmp:
-        for i in range(repeats):
-            target = Path(tmp) / f"v{i}"
-            t0 = time.perf_counter()
-            target.mkdir()
-            save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
-            config.save_pretrained(str(target))
-            t1 = time.perf_counter()
-            version += 1
-            server.update_weights_from_disk(str(target), version, timeout=600)
-            t2 = time.perf_counter()
-            write.append(t1 - t0)
-            disk.append(t2 - t0)
-            if in_memory:
-                version += 1
-                t0 = time.perf_counter()
-                server.update_weights_from_state_dict(state, version, timeout=600)
-                mem.append(time.perf_counter() - t0)
-                version += 1
-                store.append(_object_store_push(server, state, version))
-    assert server.weight_version() == version, "the server did not report the pushed version"
-    del torch
-    out: dict[str, Any] = {
-        "weights_mb": round(size_mb, 1),
-        "disk_total_s": [round(x, 3) for x in disk],
-        "disk_write_s": [round(x, 3) for x in write],
-        "disk_median_s": round(statistics.median(disk), 3),
-    }
-    if mem:
-        out["memory_s"] = [round(x, 3) for x in mem]
-        out["memory_median_s"] = round(statistics.median(mem), 3)
-    if store:
-        out["object_store_s"] = [round(x, 3) for x in store]
-        out["object_store_median_s"] = round(statistics.median(store), 3)
-    return out
-
-
-def _object_store_push(server: Any, state: dict[str, Any], version: int) -> float:
-    """Seconds of one ``weight_sync=object_store`` push: the learner's ``ray.put`` of its
-    arrays (a Ray actor's return value goes through the same path), then the server side's
-    ``ray.get``, the shared-memory copy and the server's load
-    (:func:`areal_agents.trainers.object_store.push_ref`)."""
-    import ray
-
-    from areal_agents.trainers.object_store import push_ref, to_arrays
-
-    t0 = time.perf_counter()
-    ref = ray.put(to_arrays(state))
-    push_ref(server, [ref], version, timeout=600)
-    seconds = time.perf_counter() - t0
-    del ref
-    return seconds
-
-
-def push_latency(model: str, repeats: int, vllm: bool) -> dict[str, Any]:
-    """Weight-push latency to the built-in server (and vLLM when asked and available)."""
-    from areal_agents.serving.server import BuiltinServer
-    from areal_agents.trainers.modeling import resolve_model_dir
-
-    model_dir = str(resolve_model_dir(model))
-    out: dict[str, Any] = {"model": model}
-    from areal_agents.trainers.config import RayConfig
-    from areal_agents.trainers.runtime import start_ray, stop_ray
-
-    start_ray(RayConfig(num_cpus=1, object_store_mb=2048))  # a local instance on loopback
-    try:
-        with BuiltinServer(model_dir, served_model_name="policy") as server:
-            server.wait_ready(timeout=600)
-            out["builtin"] = _push_rounds(server, model_dir, repeats, in_memory=True)
-    finally:
-        stop_ray()
-    b = out["builtin"]
-    print(
-        f"  built-in server: {b['weights_mb']} MB; via disk median {b['disk_median_s']} s "
-        f"(of which writing {statistics.median(b['disk_write_s']):.3f} s); in memory over HTTP "
-        f"median {b.get('memory_median_s')} s; through Ray's object store median "
-        f"{b.get('object_store_median_s')} s",
-        flush=True,
-    )
-    python = _vllm_python()
-    if vllm and python:
-        try:
-            from areal_agents.serving.vllm import VLLMServer
-        except ImportError as e:
-            out["vllm"] = {"skipped": f"areal_agents.serving.vllm not importable: {e}"}
-        else:
-            os.environ.setdefault("AREAL_VLLM_PYTHON", python)
-            t0 = time.perf_counter()
-            with VLLMServer(model_dir, served_model_name="policy") as server:
-                server.wait_ready(timeout=900)
-                startup = time.perf_counter() - t0
-                out["vllm"] = _push_rounds(server, model_dir, repeats, in_memory=False)
-            out["vllm"]["startup_s"] = round(startup, 1)
-            v = out["vllm"]
-            print(f"  vLLM server: via disk median {v['disk_median_s']} s", flush=True)
-    elif vllm:
-        out["vllm"] = {"skipped": "no vLLM interpreter (.venv-vllm or AREAL_VLLM_PYTHON)"}
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="default", help="default, tiny or a model directory")
     parser.add_argument("--rows", type=int, default=8, help="trajectories per batch")
+    parser.add_argument(
+        "--workload",
+        choices=("synthetic", "code"),
+        default="synthetic",
+        help="synthetic: random tokens (--seq-len); code: code-environment episodes sharing "
+        "their rendered system prompt and tool schemas (code_batch)",
+    )
     parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads per rank (default: all cores)"
+    )
+    parser.add_argument(
+        "--share",
+        choices=("on", "off", "both"),
+        default="on",
+        help="trainer.share_prompt_prefix of the FSDP configurations (both: each twice)",
+    )
     parser.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up)")
     parser.add_argument("--micro-batch-tokens", type=int, default=1024)
     parser.add_argument("--configs", default="plain,fsdp1,fsdp2")
@@ -388,16 +372,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from areal_agents.trainers.modeling import resolve_model_dir
 
     model_dir = str(resolve_model_dir(args.model))
-    vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
-    batch = synthetic_batch(args.rows, args.seq_len, vocab)
+    if args.workload == "code":
+        batch = code_batch(args.rows, model_dir)
+    else:
+        vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
+        batch = synthetic_batch(args.rows, args.seq_len, vocab)
+    shape = batch_shape(batch)
     result: dict[str, Any] = {"benchmark": "learner", "machine": machine_info(), "args": vars(args)}
     print(
-        f"time per trained token (model={args.model}, {args.rows} rows x ~{args.seq_len} tokens, "
+        f"time per trained token (model={args.model}, {args.workload} batch: {shape}, "
         f"micro-batch {args.micro_batch_tokens} tokens, GRPO loss, AdamW):",
         flush=True,
     )
     configs = [c for c in args.configs.split(",") if c]
-    result["train"] = time_per_token(model_dir, batch, args.steps, args.micro_batch_tokens, configs)
+    share = {"on": (True,), "off": (False,), "both": (True, False)}[args.share]
+    result["train"] = time_per_token(
+        model_dir, batch, args.steps, args.micro_batch_tokens, configs, args.threads, share
+    )
+    result["train"]["batch"] = shape
     for key, ratio in result["train"]["ratios"].items():
         target = " (target <= 1.15)" if key == "fsdp2_vs_plain" else ""
         print(f"  ratio {key}: {ratio}x{target}")

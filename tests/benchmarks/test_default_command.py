@@ -13,6 +13,7 @@ def test_collect_splits_the_warm_start_gain_from_the_rl_gain(tmp_path: Path) -> 
         "env": "code_sandbox",
         "steps": 3,
         "wall_s": 600.0,
+        "training_s": {"warm_start": 150.0, "rl": 610.0, "total": 760.0},
         "stop_reason": "time_budget",
         "time_to_first_step_s": 300.0,
         "time_to_first_step_without_eval_s": 120.0,
@@ -34,12 +35,14 @@ def test_collect_splits_the_warm_start_gain_from_the_rl_gain(tmp_path: Path) -> 
     assert held["gain_points"] == 37.5  # base -> after RL, the command's whole gain
     assert held["warm_start_gain_points"] == 25.0 and held["rl_gain_points"] == 12.5
     assert result["reward_curve"] == [[100.0, 0.25], [200.0, 0.5]]
+    assert result["training_s"]["total"] == 760.0 and result["rl_wall_s"] == 600.0
     assert result["load_average_1m"]["mean"] == 5.0 and result["load_average_1m"]["max"] == 6.0
     # without a warm start the gain is before -> after
     summary["held_out"].pop("base")
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     held = collect(tmp_path)["held_out"]
     assert held["gain_points"] == 12.5 and held["warm_start_gain_points"] is None
+    assert held["before_rl"] == 0.5 and held["after_warm_start"] is None
     png = tmp_path / "curve.png"
     plot([{**collect(tmp_path), "seed": 0}], png)
     assert png.stat().st_size > 1000

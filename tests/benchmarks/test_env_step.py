@@ -41,3 +41,26 @@ def test_rollout_sweep_on_the_tiny_model(capsys) -> None:  # type: ignore[no-unt
     assert [lv["concurrency"] for lv in levels][:1] == [1]
     assert all(lv["episodes"] == 2 and lv["tokens"] > 0 for lv in levels)
     assert "tok/s" in capsys.readouterr().out
+
+
+def test_prefix_delta_reports_what_the_cache_did_during_a_level() -> None:
+    before = {"lookups": 2, "looked_up_tokens": 800, "reused_tokens": 300, "entries": 1}
+    after = {"lookups": 6, "hits": 3, "looked_up_tokens": 2400, "reused_tokens": 1500}
+    delta = env_step._prefix_delta(before, {**after, "entries": 2, "bytes": 10})
+    assert delta["lookups"] == 4 and delta["hits"] == 3 and delta["reused_tokens"] == 1200
+    assert delta["reused_share"] == 0.75 and (delta["entries"], delta["bytes"]) == (2, 10)
+    assert env_step._prefix_delta({}, {})["reused_share"] == 0.0  # a server without the cache
+
+
+def test_engine_delta_reports_the_engines_seconds_during_a_level() -> None:
+    before = {"decode_steps": 10, "prefill_s": 1.0, "prefill_cpu_s": 0.5, "decode_s": 2.0}
+    after = {"decode_steps": 30, "prefill_s": 4.0, "prefill_cpu_s": 2.5, "decode_s": 2.5}
+    delta = env_step._engine_delta(before, {**after, "decode_cpu_s": 1.0})
+    assert delta == {
+        "decode_steps": 20,
+        "prefill_s": 3.0,
+        "prefill_cpu_s": 2.0,
+        "decode_s": 0.5,
+        "decode_cpu_s": 1.0,
+    }
+    assert env_step._engine_delta({}, {"decode_steps": 3}) == {"decode_steps": 3}  # an older server

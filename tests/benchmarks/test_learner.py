@@ -35,6 +35,38 @@ def test_tiny_run_prints_ratios_and_push_latency(tmp_path: Path, capsys) -> None
     assert set(train["ratios"]) == {"fsdp1_vs_plain", "fsdp2_vs_plain"}
     assert result["push"]["builtin"]["disk_median_s"] > 0
     assert result["push"]["builtin"]["object_store_median_s"] > 0
+    stages = result["push"]["builtin"]["object_store_stages_median_s"]
+    assert set(stages) == {"put_s", "get_s", "write_s", "load_s"}  # the push, stage by stage
     out = capsys.readouterr().out
     assert "us/trained token" in out and "built-in server" in out
     assert "through Ray's object store" in out
+
+
+def test_code_batch_shares_the_rendered_system_prompt_and_tool_schemas() -> None:
+    from areal_agents.trainers.modeling import tiny_model_path
+
+    batch = learner.code_batch(6, str(tiny_model_path()), group_size=4)
+    assert len(batch) == 6 and [t.group_id for t in batch] == ["g0"] * 4 + ["g1"] * 2
+    shape = learner.batch_shape(batch)
+    assert 300 < shape["shared_prefix"] < shape["min_len"]  # what every code episode starts with
+    for t in batch:
+        first = t.loss_mask.index(1)
+        assert all(t.loss_mask[first:]) and not any(t.loss_mask[:first])
+        assert first >= shape["shared_prefix"]
+
+
+@pytest.mark.slow
+def test_a_tiny_code_run_times_sharing_on_and_off(capsys) -> None:  # type: ignore[no-untyped-def]
+    result = learner.main(
+        ["--model", "tiny", "--workload", "code", "--rows", "4", "--steps", "1",
+         "--micro-batch-tokens", "2048", "--threads", "1", "--configs", "fsdp1",
+         "--share", "both", "--no-push"]
+    )  # fmt: skip
+    train = result["train"]
+    assert set(train["configs"]) == {"fsdp1", "fsdp1_noshare"}
+    on, off = train["configs"]["fsdp1"], train["configs"]["fsdp1_noshare"]
+    assert on["forward_tokens"] < 0.6 * off["forward_tokens"]
+    assert on["threads_per_rank"] == 1 and on["tokens_per_s"] > 0
+    assert set(train["ratios"]) == {"fsdp1_share_vs_noshare"}
+    assert train["batch"]["shared_prefix"] > 300
+    assert "fsdp1_noshare" in capsys.readouterr().out

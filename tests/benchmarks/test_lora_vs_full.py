@@ -70,7 +70,7 @@ def test_the_settings_differ_only_in_lora_and_its_learning_rate(
     full, lora = commands
     assert lora[: len(full)] == [a.replace("/full", "/lora_r16") for a in full]
     assert lora[len(full) :] == ["model.lora.r=16", "model.lora.alpha=32", "trainer.lr=2e-4"]
-    assert "trainer.time_budget_s=60.0" in full and "eval.held_out_tasks=32" in full
+    assert "trainer.time_budget_s=60.0" in full and "eval.held_out_tasks=64" in full
     assert set(out["runs"]) == {"full", "lora_r16"}
     assert json.loads((tmp_path / "r.json").read_text())["runs"]["full"]["gain_points"] == 37.5
 
