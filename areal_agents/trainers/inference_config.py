@@ -75,8 +75,8 @@ class InferenceConfig:
         if self.torch_threads is not None and engine.torch_threads_note is not None:
             raise ConfigError(
                 f"inference.torch_threads does not apply to inference.engine={self.engine}: "
-                f"{engine.torch_threads_note} (set inference.torch_threads=null, or choose the engine "
-                f"with inference={self.engine}, whose preset leaves it unset)"
+                f"{engine.torch_threads_note} (set inference.torch_threads=null, or choose "
+                f"the engine with inference={self.engine}, whose preset leaves it unset)"
             )
         if self.weight_sync in ("nccl", "ipc") and self.engine != "vllm":
             raise ConfigError(
