@@ -33,6 +33,8 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
+if str(REPO) not in sys.path:  # run as a script, a benchmark still imports ``benchmarks.*``
+    sys.path.append(str(REPO))  # (the workloads' environments: ``benchmarks.workloads:...``)
 
 
 def git_commit() -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,3 +29,24 @@ def test_write_json_keeps_no_absolute_paths(tmp_path: Path) -> None:
     assert back["others"] == ["90% python3 -c sys.path = ['x', 'y']"]
     assert back["url"] == data["url"] and back["ratio"] == 1.5
     assert "loadavg_end" in back
+
+
+def test_a_benchmark_run_as_a_script_imports_the_workloads(tmp_path: Path) -> None:
+    """``python benchmarks/async_vs_sync.py`` has ``benchmarks/`` on its path, not the checkout;
+    its environment, ``benchmarks.workloads:LongTailCalculator-v0``, must still be made (the
+    fair run crashed there after its first training run)."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path[0] = {str(_common.REPO / 'benchmarks')!r}\n"
+        "import _common  # noqa: F401\n"
+        "from areal_agents.envs.registry import make_env\n"
+        "env = make_env('benchmarks.workloads:LongTailCalculator-v0')\n"
+        "print(type(env.unwrapped).__name__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "LongTailCalculator"
