@@ -58,6 +58,15 @@ __all__ = ["compare", "main", "run_setting", "summarize"]
 WORKLOAD = "benchmarks.workloads:LongTailCalculator-v0"
 
 
+def _generates(cmd: str) -> bool:
+    """Whether a process of the run (by its command line) is generation: the built-in server,
+    or vLLM's API server and the engine and worker processes it starts (``VLLM::EngineCore``,
+    ``VLLM::Worker``: they decode, the API server does not)."""
+    return (
+        "areal_agents.serving.serve" in cmd or "vllm.entrypoints" in cmd or cmd.startswith("VLLM::")
+    )
+
+
 class Monitor(threading.Thread):
     """Samples the CPU use of the server and learner processes of one training run."""
 
@@ -82,7 +91,7 @@ class Monitor(threading.Thread):
                 cmd = " ".join(proc.cmdline())
             except psutil.Error:
                 continue
-            if "areal_agents.serving.serve" in cmd or "vllm.entrypoints" in cmd:
+            if _generates(cmd):
                 roles[proc.pid] = "generation"
             elif cmd.startswith("ray::Learner"):
                 roles[proc.pid] = "learning"

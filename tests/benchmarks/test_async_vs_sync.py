@@ -107,6 +107,16 @@ def test_idle_fractions_count_samples_under_the_threshold(tmp_path: Path) -> Non
     }
 
 
+def test_generation_counts_vllm_engine_and_worker_processes() -> None:
+    """vLLM decodes in the processes its API server starts; counting the API server alone
+    reported generation 100% idle in the first vLLM fair run."""
+    generates = async_vs_sync.main.__globals__["_generates"]
+    assert generates("python -m areal_agents.serving.serve --model m --port 1")
+    assert generates("python -m vllm.entrypoints.openai.api_server --model m")
+    assert generates("VLLM::Worker") and generates("VLLM::EngineCore")
+    assert not generates("ray::Learner.train_step") and not generates("ray::RolloutWorkerActor")
+
+
 @pytest.mark.parametrize("engine", ["builtin", "vllm"])
 def test_overrides_keep_everything_but_the_staleness_equal(tmp_path: Path, engine: str) -> None:
     from areal_agents.config import load_config
