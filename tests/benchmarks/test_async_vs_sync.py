@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import async_vs_sync
 from _fair import agreement, length_buckets, trained_lengths
+from _monitor import Monitor, generates
 
 
 def _row(step: int, elapsed: float, reward: float, stale: float) -> dict[str, object]:
@@ -93,7 +94,7 @@ def test_compare_takes_ratios_and_held_out_points_per_seed() -> None:
 
 
 def test_idle_fractions_count_samples_under_the_threshold(tmp_path: Path) -> None:
-    m = async_vs_sync.Monitor(0, tmp_path / "m.jsonl", 0.5, threshold=0.1)
+    m = Monitor(0, tmp_path / "m.jsonl", 0.5, threshold=0.1)
     m.samples = [
         {"t": 1.0, "generation": 0.9, "learning": 0.0},
         {"t": 2.0, "generation": 0.05, "learning": 1.5},
@@ -110,7 +111,6 @@ def test_idle_fractions_count_samples_under_the_threshold(tmp_path: Path) -> Non
 def test_generation_counts_vllm_engine_and_worker_processes() -> None:
     """vLLM decodes in the processes its API server starts; counting the API server alone
     reported generation 100% idle in the first vLLM fair run."""
-    generates = async_vs_sync.main.__globals__["_generates"]
     assert generates("python -m areal_agents.serving.serve --model m --port 1")
     assert generates("python -m vllm.entrypoints.openai.api_server --model m")
     assert generates("VLLM::Worker") and generates("VLLM::EngineCore")
