@@ -120,9 +120,15 @@ class EpisodeDropped(InfrastructureError):
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """A ``" (did you mean 'x'?)"`` suffix for error messages, or ``""``.
 
+    A value that is not a string (a number where a name was expected) has no close spelling.
+
     >>> did_you_mean("grop", ["grpo", "ppo"])
     " (did you mean 'grpo'?)"
+    >>> did_you_mean(5, ["medium", "easy"])  # type: ignore[arg-type]
+    ''
     """
+    if not isinstance(name, str):
+        return ""
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -66,6 +66,8 @@ def test_difficulty_chooses_the_templates_drawn_and_any_id_can_be_looked_up() ->
         ProceduralCodeTasks(["add"], difficulty="medium")
     with pytest.raises(ConfigError, match="did you mean 'medium'"):
         ProceduralCodeTasks(difficulty="meduim")
+    with pytest.raises(ConfigError, match="unknown code difficulty 5"):  # a number: no TypeError
+        ProceduralCodeTasks(difficulty=5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="no code template 'nope'"):
         medium.get("gen/nope/1")
 
