@@ -52,6 +52,7 @@ from areal_agents.trainers.forward import (
 from areal_agents.trainers.lora import adapter_state, apply_lora, merged_state
 from areal_agents.trainers.losses import aggregation_normalizer, compute_policy_loss
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
+from areal_agents.trainers.precision import mixed_precision
 from areal_agents.types import Trajectory
 
 __all__ = ["Learner", "LearnerSpec"]
@@ -135,6 +136,7 @@ class Learner:
         if self.lora is not None:  # only the adapters train (trainers/lora.py)
             apply_lora(model, self.lora)
         model.to(self.device)
+        mixed_precision(model, spec.model.compute_dtype, self.device.type)
         self.model = fsdp.shard_model(model, decoder_layers(model))
         self.optimizer = self._adamw([p for p in self.model.parameters() if p.requires_grad])
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -142,10 +144,12 @@ class Learner:
         )
         if self.needs.critic:
             critic = ValueModel(path, spec.model.dtype).to(self.device)
+            mixed_precision(critic, spec.model.compute_dtype, self.device.type)
             self.critic = fsdp.shard_model(critic, critic.layers)  # type: ignore[assignment]
             self.critic_optimizer = self._adamw(critic.parameters())
         if self.needs.reference and self.lora is None:  # with LoRA: the adapters switched off
             ref = load_policy(path, spec.model.dtype).to(self.device)
+            mixed_precision(ref, spec.model.compute_dtype, self.device.type)
             ref.requires_grad_(False)
             self.ref = fsdp.shard_model(ref, decoder_layers(ref))
         return {
