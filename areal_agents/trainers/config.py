@@ -141,13 +141,10 @@ class ModelConfig:
     """``default`` (SmolLM2-135M-Instruct, offline), ``tiny`` (a randomly initialised model of
     the same architecture and tokenizer, a few MB: for tests only) or a local HF directory."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Learner parameter dtype: the weights, their gradients and the optimizer state (bf16 is
-    ~5x slower than fp32 on CPUs without bf16 units)."""
+    """Learner parameter dtype (bf16 is ~5x slower than fp32 on CPUs without bf16 units)."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """The dtype the learner's forward and backward passes compute in (``trainers/precision.py``):
-    ``bfloat16`` runs them under autocast, the weights staying in ``dtype`` and the output head
-    (logits, log-probs) in float32 — mixed precision, 2-3x faster learner steps on CPUs with
-    bf16 matrix units (AMX), slower on CPUs without. The inference servers are unaffected."""
+    """The learner's compute dtype: ``bfloat16`` runs forward and backward under autocast, weights
+    and output head in ``dtype`` (mixed precision, ``trainers/precision.py``; needs bf16 units)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, more time)."""
     chat_template: str | None = None

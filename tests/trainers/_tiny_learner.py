@@ -111,14 +111,18 @@ def batch(offset: float = 0.0, **kw: Any) -> list[Trajectory]:
     return [row(g, r, offset=offset, **kw) for g in ("a", "b") for r in (1.0, 0.0)]
 
 
-def learner(algo: AlgoConfig | str = "grpo", **trainer: Any) -> Learner:
+def learner(
+    algo: AlgoConfig | str = "grpo", *, model: ModelConfig | None = None, **trainer: Any
+) -> Learner:
+    """A set-up learner on the tiny model (``model``: its ``ModelConfig``, default
+    ``name="tiny"``), ``trainer``: ``TrainerConfig`` fields."""
     algo_cfg = AlgoConfig.from_name(algo) if isinstance(algo, str) else algo
     trainer_cfg = TrainerConfig(**{"lr": 1e-3, "groups_per_step": 2, **trainer})
     spec = LearnerSpec(
         model_dir=str(tiny_model_path()),
         algo=algo_cfg,
         trainer=trainer_cfg,
-        model=ModelConfig(name="tiny"),
+        model=model if model is not None else ModelConfig(name="tiny"),
         temperature=1.0,
         rank=0,
         world_size=1,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -74,14 +73,7 @@ def test_float32_leaves_the_model_as_it_was_and_a_bad_name_is_refused() -> None:
 
 
 def _learner(compute_dtype: str) -> Learner:
-    lrn = learner()
-    spec = dataclasses.replace(
-        lrn.spec,
-        model=ModelConfig(name="tiny", compute_dtype=compute_dtype),  # type: ignore[arg-type]
-    )
-    out = Learner(spec)
-    out.setup("127.0.0.1", 0)
-    return out
+    return learner(model=ModelConfig(name="tiny", compute_dtype=compute_dtype))  # type: ignore[arg-type]
 
 
 def test_the_config_key_reaches_the_learner_and_changes_its_step() -> None:
