@@ -7,8 +7,10 @@ weights, record, checkpoint.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,14 @@ from areal_agents.trainers.config import EnvConfig, InferenceConfig, RayConfig, 
 from areal_agents.trainers.ray_reaper import RUN_ENV, RayReaper
 from areal_agents.trainers.rollout_worker import RayBuffer, RolloutWorker, WorkerStats
 
-__all__ = ["RolloutWorkerActor", "choose_run_dir", "remote_class", "start_ray", "stop_ray"]
+__all__ = [
+    "RolloutWorkerActor",
+    "choose_run_dir",
+    "daemons_in_their_own_process_group",
+    "remote_class",
+    "start_ray",
+    "stop_ray",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -107,17 +116,18 @@ def start_ray(cfg: RayConfig) -> bool:
     auth_level = auth_log.level
     auth_log.setLevel(logging.ERROR)
     try:
-        context = ray.init(
-            address="local",
-            num_cpus=cfg.num_cpus or os.cpu_count() or 1,
-            num_gpus=None,
-            _node_ip_address="127.0.0.1",
-            include_dashboard=False,
-            object_store_memory=cfg.object_store_mb * 2**20,
-            runtime_env=runtime_env,
-            logging_level=logging.WARNING,
-            log_to_driver=True,
-        )
+        with daemons_in_their_own_process_group():
+            context = ray.init(
+                address="local",
+                num_cpus=cfg.num_cpus or os.cpu_count() or 1,
+                num_gpus=None,
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                object_store_memory=cfg.object_store_mb * 2**20,
+                runtime_env=runtime_env,
+                logging_level=logging.WARNING,
+                log_to_driver=True,
+            )
     except BaseException:
         _reaper.sweep_now()
         _reaper = None
@@ -130,6 +140,34 @@ def start_ray(cfg: RayConfig) -> bool:
         _reaper.watch(str(session_dir))
     atexit.register(_reaper.close)
     return True
+
+
+@contextlib.contextmanager
+def daemons_in_their_own_process_group() -> Iterator[None]:
+    """While inside, the processes ``ray.init`` starts (GCS, raylet, and through the raylet its
+    agents) lead a process group of their own instead of joining the driver's.
+
+    Ray already keeps its workers out of the driver's process group, and blocks SIGINT in its
+    daemons, but not SIGTERM: ``kill -TERM -PGID`` (what ``timeout``, process supervisors and
+    the test of a graceful stop send) reached the raylet, whose shutdown took the learners
+    with it in the middle of the step the driver meant to finish and checkpoint. The daemons
+    still die with the driver (Ray's parent-death signal, and the run's
+    :class:`~areal_agents.trainers.ray_reaper.RayReaper`) and on :func:`stop_ray`.
+    """
+    from ray._private import services
+
+    popen = services.ConsolePopen
+
+    class _OwnGroupPopen(popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("process_group", 0)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = _OwnGroupPopen  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen  # type: ignore[misc]
 
 
 def stop_ray() -> None:

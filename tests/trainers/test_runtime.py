@@ -13,6 +13,7 @@ import ipaddress
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,8 @@ DRIVER = textwrap.dedent(
         def pid(self):
             return os.getpid()
 
-    actor_pid = ray.get(Echo.remote().pid.remote())
+    first = Echo.options(name="first").remote()
+    actor_pid = ray.get(first.pid.remote())
     me = psutil.Process()
     tree = {p.pid: [p.name(), p.create_time()] for p in me.children(recursive=True)}
     listening = sorted(
@@ -59,6 +61,18 @@ DRIVER = textwrap.dedent(
         stop_ray()
         left = [p.pid for p in me.children(recursive=True) if p.status() != "zombie"]
         print(json.dumps({"left": left, "sessions": sessions}), flush=True)
+    elif sys.argv[1] == "signal":  # the test signals this process group, then this asks
+        import signal
+        got = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+        print(json.dumps({"ready": True}), flush=True)
+        while not got:
+            time.sleep(0.05)
+        time.sleep(3)  # time for a daemon that took the signal to go, and its workers with it
+        again = ray.get(Echo.remote().pid.remote(), timeout=60)
+        print(json.dumps({"after_signal": again, "same": ray.get(
+            ray.get_actor("first").pid.remote(), timeout=60) == actor_pid}), flush=True)
+        stop_ray()
     else:
         time.sleep(600)
     """
@@ -83,6 +97,7 @@ def _driver(mode: str, ray_tmp: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group: the one a terminal or supervisor signals
     )
 
 
@@ -161,6 +176,33 @@ def test_stop_ray_leaves_no_process_behind(ray_tmp: Path) -> None:
     assert _alive(first["tree"]) == []
     assert _sessions(ray_tmp) == []  # ... and stop_ray removed it (and session_latest)
     assert "Token authentication" not in err
+
+
+def test_sigterm_to_the_drivers_process_group_spares_ray_and_its_actors(ray_tmp: Path) -> None:
+    """``kill -TERM -PGID`` (a supervisor, ``timeout``, a graceful stop of the trainer) is the
+    driver's to handle: no Ray daemon shares its process group, so the actors live on and the
+    driver can still finish its step and save it."""
+    driver = _driver("signal", ray_tmp)
+    try:
+        report = _first_report(driver)
+        assert driver.stdout is not None and json.loads(driver.stdout.readline())["ready"]
+        groups = {pid: os.getpgid(int(pid)) for pid in report["tree"] if _alive_pid(int(pid))}
+        assert driver.pid not in groups.values(), (report["tree"], groups)
+        os.killpg(driver.pid, signal.SIGTERM)
+        out, err = driver.communicate(timeout=120)
+    except BaseException:
+        os.killpg(driver.pid, signal.SIGKILL)
+        raise
+    assert driver.returncode == 0, err[-3000:]
+    after = json.loads(out.splitlines()[-1])
+    assert after["same"] and after["after_signal"] > 0  # the old actor answers, a new one starts
+
+
+def _alive_pid(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_live_ray_start_is_not_attached_to(ray_tmp: Path) -> None:
