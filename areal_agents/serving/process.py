@@ -38,6 +38,7 @@ from typing import IO, Any, ClassVar, Self
 
 import httpx
 
+from areal_agents.cpus import affinity_hook
 from areal_agents.errors import EndpointError, WeightSyncError
 
 __all__ = ["ServerProcess", "parent_death_hook", "probe_health", "send_request"]
@@ -119,6 +120,8 @@ class ServerProcess:
     """End the server when this process dies (see the module docstring)."""
     extra_env: Mapping[str, str] = MappingProxyType({})
     """Variables set in the child on top of :meth:`environment` (e.g. ``OMP_NUM_THREADS``)."""
+    cpus: tuple[int, ...] | None = None
+    """CPU cores the server, and every process it starts, runs on (Linux; None: all)."""
     _release: threading.Event | None = None
 
     def command(self) -> list[str]:
@@ -130,8 +133,10 @@ class ServerProcess:
         return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
     def preexec_fn(self) -> Callable[[], None] | None:
-        """What the child runs before exec: :func:`parent_death_hook` if ``die_with_parent``."""
-        return parent_death_hook(self.parent_death_signal) if self.die_with_parent else None
+        """What the child runs before exec: its move onto :attr:`cpus`, then
+        :func:`parent_death_hook` if ``die_with_parent``."""
+        death = parent_death_hook(self.parent_death_signal) if self.die_with_parent else None
+        return affinity_hook(self.cpus, death)
 
     def start(self) -> Self:
         """Start the server process (returns at once; see :meth:`wait_ready`)."""

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
+from areal_agents.cpus import cpu_list
 from areal_agents.errors import DependencyError, WeightSyncError
 from areal_agents.net import free_port
 from areal_agents.policies.templates import TOOL_TEMPLATE_PATH
@@ -195,7 +196,8 @@ class VLLMServer(ServerProcess):
         return command + self.extra_args
 
     def environment(self) -> dict[str, str]:
-        """Offline, no usage stats, vLLM's dev-mode RL routes on, a small CPU KV cache."""
+        """Offline, no usage stats, vLLM's dev-mode RL routes on, a small CPU KV cache; on
+        :attr:`cpus`, the CPU build's OpenMP threads bound to them."""
         env = {
             **super().environment(),
             "VLLM_NO_USAGE_STATS": "1",
@@ -208,6 +210,8 @@ class VLLMServer(ServerProcess):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (where, env.get("PYTHONPATH")) if p)
         if "--enable-lora" in self.extra_args:  # adapters are pushed at run time
             env.update(RUNTIME_UPDATE_ENV)
+        if self.cpus is not None:  # the CPU build binds its OpenMP threads to these cores
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(self.cpus)
         return env
 
     def log_tail(self, chars: int = 4000) -> str:

@@ -26,7 +26,14 @@ from areal_agents.files import read_json
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.data import task_id_of
 
-__all__ = ["closing_screen", "disk_mb", "evaluate", "held_out_task_ids", "load_result"]
+__all__ = [
+    "closing_screen",
+    "disk_mb",
+    "evaluate",
+    "held_out_before",
+    "held_out_task_ids",
+    "load_result",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -186,3 +193,24 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
     )
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def held_out_before(
+    cfg: TrainConfig,
+    servers: list[Any],
+    run_dir: Path,
+    model: str = "policy",
+    *,
+    fresh: bool,
+    name: str = "before",
+) -> dict[str, Any] | None:
+    """Held-out success of the served weights before any step: measured now on a fresh run,
+    read back from ``<run>/eval/<name>`` on a resumed one; None with ``eval.held_out_tasks=0``
+    or ``eval.before=false``.
+    ``name``: ``before`` (the weights RL starts from) or ``base`` (before the warm start)."""
+    if not cfg.eval.held_out_tasks or not cfg.eval.before:
+        return None
+    directory = run_dir / "eval" / name
+    if not fresh:
+        return load_result(directory)
+    return evaluate(cfg, str(servers[0].base_url), model, directory)

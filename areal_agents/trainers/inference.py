@@ -1,4 +1,4 @@
-"""Inference servers for training, and the weight push that follows every optimizer step.
+"""Inference servers for training: started locally or on a cluster, stopped with the run.
 
 Servers come from the engine registry (``inference.engine``: the built-in server or the vLLM
 launcher, :mod:`areal_agents.serving.engines`) and implement
@@ -9,42 +9,29 @@ places it on a GPU node, the servers spread over the nodes in turn.
 ``inference.torch_threads`` sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in each server's
 environment (a built-in server reports the count it runs with on ``/health``).
 
-:class:`WeightSync` pushes version ``v`` to every server with a time limit: the learner writes a
-safetensors directory (``weight_sync=disk``), hands over its state dict
-(``weight_sync=state_dict``) or leaves it in Ray's object store for the server's node to load
-(``weight_sync=object_store``, :mod:`areal_agents.trainers.object_store`), or, with vLLM,
-the learner ranks send it through vLLM's own weight transfer (``weight_sync=nccl|ipc``,
-:mod:`areal_agents.serving.vllm_transfer`: the servers are paused, rank 0 broadcasts, each
-server's ``/finish_weight_update`` sets the version; no disk involved); a server that
-fails or does not answer in time raises :class:`~areal_agents.errors.WeightSyncError`, never a
-silent hang. The servers interrupt the generations in flight, swap the weights and continue
-them, tagging new tokens with ``v``.
-With ``model.lora.r > 0`` a push sends only the LoRA adapter; each server merges it onto the
-base weights it keeps (:mod:`areal_agents.serving.adapters`).
+The weight push after every optimizer step is
+:class:`~areal_agents.trainers.weight_sync.WeightSync`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import json
 import logging
-import shutil
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from areal_agents.errors import WeightSyncError
 from areal_agents.serving.base import InferenceServer
 from areal_agents.serving.engines import get_engine
 from areal_agents.trainers.cluster import spread
-from areal_agents.trainers.config import InferenceConfig, LoraConfig
+from areal_agents.trainers.config import InferenceConfig
 from areal_agents.trainers.object_store import ShmLoader
 from areal_agents.trainers.runtime import remote_class
+from areal_agents.trainers.weight_sync import VLLM_TRANSFER
 
 __all__ = [
-    "WeightSync",
     "launch_local_servers",
     "server_torch_threads",
     "start_servers",
@@ -53,9 +40,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-VLLM_TRANSFER = ("nccl", "ipc")
-"""``weight_sync`` modes that are vLLM's own weight transfer, driven from the learner ranks."""
 
 
 def _create(
@@ -74,6 +58,7 @@ def _create(
     # the launchers end their server with this process (die_with_parent, on by default)
     server = get_engine(cfg.engine).server_class()(model_dir, **kwargs)
     server.extra_env = thread_env(cfg)
+    server.cpus = cfg.cpus
     if cfg.weight_sync == "ipc":  # CUDA IPC handles arrive pickled (a colocated, local server)
         server.extra_env = {**server.extra_env, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     return server
@@ -266,171 +251,3 @@ def stop_servers(servers: list[InferenceServer]) -> None:
             server.stop()
         except Exception:
             logger.warning("stopping an inference server failed", exc_info=True)
-
-
-def _adapter_push(server: InferenceServer, scaling: float) -> Callable[..., None]:
-    """``server``'s LoRA adapter update as ``fn(adapter, version, timeout)``."""
-    update = getattr(server, "update_adapter", None)
-    if update is None:
-        raise WeightSyncError(f"the server at {server.base_url} takes no LoRA adapter push")
-
-    def push(adapter: Mapping[str, Any], version: int, timeout: float) -> None:
-        update(adapter, scaling, version, timeout)
-
-    return push
-
-
-_Call = tuple[Callable[..., None], Any]
-
-
-def _pause_all(servers: list[InferenceServer]) -> None:
-    """Stop generating on every server (in-flight requests end with ``finish_reason=abort``;
-    the token client continues them under the new weights)."""
-    for server in servers:
-        server.pause()
-
-
-def _resume_all(servers: list[InferenceServer]) -> None:
-    errors = []
-    for server in servers:
-        try:
-            server.resume()
-        except Exception as e:  # resume the others all the same
-            errors.append(e)
-    if errors:
-        raise WeightSyncError(f"resuming after a weight update failed: {errors[0]}")
-
-
-class WeightSync:
-    """Pushes each new version from the learners to every server, with a time limit.
-
-    The one thing called ``WeightSync``: the trainer's push. What a server must offer for it
-    is :class:`~areal_agents.serving.base.InferenceServer`.
-    """
-
-    def __init__(
-        self,
-        cfg: InferenceConfig,
-        servers: list[InferenceServer],
-        weights_dir: Path,
-        lora: LoraConfig | None = None,
-        *,
-        on_cluster: bool = False,
-    ) -> None:
-        self.cfg = cfg
-        self.mode = cfg.resolved_weight_sync(on_cluster)
-        self.lora = lora if lora is not None and lora.enabled else None
-        """With LoRA on, each push sends only the adapter (the servers keep the base)."""
-        self.servers = servers
-        self.weights_dir = weights_dir
-        self.last_push_s = 0.0
-        self.served_versions: list[int] = []
-        #: extra seconds granted beyond the servers' own timeout before giving up on them
-        self.grace_s = 60.0
-        self._transfer_ready = False
-        self._loader: ShmLoader | None = None  # object_store: the staged file of local servers
-        if self.mode not in self._MODES:
-            raise WeightSyncError(f"unknown inference.weight_sync={self.mode!r}")
-
-    # ---- how each mode gets the weights to the servers: ``fn(learners, version) -> calls``,
-    # one ``(update, argument)`` per server, run as ``update(argument, version, timeout)``
-
-    def _adapter_calls(self, learners: Any, version: int) -> list[_Call]:
-        """The LoRA adapter only, merged by each server onto its base."""
-        assert self.lora is not None
-        adapter, scaling = learners.adapter_state(), self.lora.scaling
-        return [(_adapter_push(s, scaling), adapter) for s in self.servers]
-
-    def _disk_calls(self, learners: Any, version: int) -> list[_Call]:
-        target = self.weights_dir / f"v{version:06d}"
-        learners.export_weights(target)
-        return [(s.update_weights_from_disk, str(target)) for s in self.servers]
-
-    def _object_store_calls(self, learners: Any, version: int) -> list[_Call]:
-        """The weights are staged on each server's node: by the host actor of a server on a
-        cluster node (one staged file per server), here for all the servers this process
-        started (one file for them all)."""
-        refs = [learners.state_ref()]  # in a list: Ray passes it on unresolved
-        hosted = [s for s in self.servers if hasattr(s, "update_weights_from_ref")]
-        calls: list[_Call] = [(s.update_weights_from_ref, refs) for s in hosted]
-        local = [s for s in self.servers if not hasattr(s, "update_weights_from_ref")]
-        if local:
-            if self._loader is None:
-                self._loader = ShmLoader()
-            calls.append((functools.partial(self._loader.load, local), refs))
-        return calls
-
-    def _state_dict_calls(self, learners: Any, version: int) -> list[_Call]:
-        state = learners.full_state()
-        return [(s.update_weights_from_state_dict, state) for s in self.servers]
-
-    def _vllm_transfer_calls(self, learners: Any, version: int) -> list[_Call]:
-        """vLLM's own transfer: the learner ranks send; one call for all servers."""
-
-        def send(_: None, version: int, timeout: float) -> None:
-            if not self._transfer_ready:  # the rendezvous, once
-                urls = [str(s.base_url) for s in self.servers]
-                learners.init_vllm_transfer(
-                    backend=self.mode,
-                    base_urls=urls,
-                    timeout_s=timeout,
-                    bucket_bytes=int(self.cfg.weight_bucket_mb * (1 << 20)),
-                )
-                self._transfer_ready = True
-            _pause_all(self.servers)
-            try:
-                learners.send_vllm_weights(version)
-            finally:
-                _resume_all(self.servers)
-
-        return [(send, None)]
-
-    _MODES: ClassVar[dict[str, Callable[[WeightSync, Any, int], list[_Call]]]] = {
-        "disk": _disk_calls,
-        "object_store": _object_store_calls,
-        "state_dict": _state_dict_calls,
-        "nccl": _vllm_transfer_calls,
-        "ipc": _vllm_transfer_calls,
-    }
-
-    def push(self, learners: Any, version: int) -> float:
-        """Send version ``version`` to every server; returns the seconds it took."""
-        start = time.perf_counter()
-        timeout = self.cfg.weight_sync_timeout_s
-        if self.lora is not None:
-            calls = self._adapter_calls(learners, version)
-        else:
-            calls = self._MODES[self.mode](self, learners, version)
-        pool = concurrent.futures.ThreadPoolExecutor(len(calls), thread_name_prefix="push")
-        try:
-            futures = [pool.submit(fn, arg, version, timeout) for fn, arg in calls]
-            done, pending = concurrent.futures.wait(futures, timeout=timeout + self.grace_s)
-            if pending:
-                raise WeightSyncError(
-                    f"weight version {version}: {len(pending)} server(s) did not answer within "
-                    f"{timeout}s (inference.weight_sync_timeout_s)"
-                )
-            for f in done:
-                error = f.exception()
-                if error is not None:
-                    if isinstance(error, WeightSyncError):
-                        raise error
-                    raise WeightSyncError(f"weight version {version}: {error}") from error
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # never wait on a stuck server
-        served = [int(s.weight_version()) for s in self.servers]
-        if any(v != version for v in served):
-            raise WeightSyncError(f"pushed weight version {version} but the servers serve {served}")
-        self.served_versions = served
-        if self.mode == "disk" and self.lora is None:
-            for old in self.weights_dir.glob("v*"):
-                if old.name != f"v{version:06d}":
-                    shutil.rmtree(old, ignore_errors=True)
-        self.last_push_s = time.perf_counter() - start
-        return self.last_push_s
-
-    def close(self) -> None:
-        """Release what the pushes keep between them (the staged file of ``object_store``)."""
-        if self._loader is not None:
-            self._loader.close()
-            self._loader = None

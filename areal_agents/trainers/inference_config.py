@@ -56,6 +56,11 @@ class InferenceConfig:
     ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in its environment); None leaves the inherited
     setting (torch takes at most as many as the cores it sees from these variables). vLLM's
     CPU threads are set by its own ``VLLM_CPU_OMP_THREADS_BIND`` instead."""
+    cpus: tuple[int, ...] | None = None
+    """CPU cores the generation side runs on (Linux): each server the trainer starts, with all
+    its processes (vLLM's CPU build also binds its OpenMP threads to them), and the rollout
+    workers. None: every core. Split a CPU machine with ``trainer.learner_cpus``, e.g.
+    ``inference.cpus=[1] trainer.learner_cpus=[0]`` (``areal_agents/cpus.py`` says why)."""
 
     def resolved_weight_sync(self, on_cluster: bool) -> str:
         """``weight_sync`` with ``auto`` resolved for a local run or a cluster (where a server

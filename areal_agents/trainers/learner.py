@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from areal_agents.cpus import pin_process
 from areal_agents.errors import ConfigError
 from areal_agents.net import free_port
 from areal_agents.trainers import fsdp
@@ -97,6 +98,7 @@ class Learner:
     """One rank of the FSDP2 learner."""
 
     def __init__(self, spec: LearnerSpec) -> None:
+        pin_process(spec.trainer.learner_cpus)  # its cores, before torch starts its threads
         if spec.trainer.torch_threads is not None:  # before any parallel work in this process
             torch.set_num_threads(spec.trainer.torch_threads)
         self.spec = spec

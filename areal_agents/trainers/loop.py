@@ -30,6 +30,7 @@ from typing import Any
 import ray
 from tqdm import tqdm
 
+from areal_agents.cpus import check_cpus
 from areal_agents.envs.registry import make_env
 from areal_agents.errors import AgentsError
 from areal_agents.files import read_json, write_json
@@ -41,11 +42,10 @@ from areal_agents.trainers.held_out import (
     closing_screen,
     disk_mb,
     evaluate,
+    held_out_before,
     held_out_task_ids,
-    load_result,
 )
 from areal_agents.trainers.inference import (
-    WeightSync,
     launch_local_servers,
     server_torch_threads,
     start_servers,
@@ -68,6 +68,7 @@ from areal_agents.trainers.runtime import (
     save_config,
     start_ray,
     stop_ray,
+    stop_workers,
     worker_env,
 )
 from areal_agents.trainers.step_records import (
@@ -85,6 +86,7 @@ from areal_agents.trainers.stop import (
     rl_budget_s,
 )
 from areal_agents.trainers.warm_start import lean_finished_run, run_warm_start, warm_start_info
+from areal_agents.trainers.weight_sync import WeightSync
 
 __all__ = ["train"]
 
@@ -220,6 +222,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         deadline = None if rl_budget is None else start + rl_budget
         stop_reason = "total_steps"
         stats = ray.get(buffer.stats.remote())  # dropped episodes are counted from here on
+
+        def served(version: int) -> None:  # every server generates with ``version`` now
+            ray.get(buffer.set_version.remote(version=version))
+
         stop.arm()
         first_step = step
         longest_step_s = 0.0
@@ -240,14 +246,16 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 clock.mark("first_train_s")
                 clock.first_step_done()
             step += 1
-            sync_s = sync.push(learners, step)
-            ray.get(buffer.set_version.remote(version=step))
+            sync_s = sync.push_step(  # the servers may still be loading it: see on_served
+                learners, step, overlap=cfg.trainer.overlap_weight_push, on_served=served
+            )
 
             stats_before, stats = stats, ray.get(buffer.stats.remote())
             times = {
                 "wait_s": t1 - t0,
                 "train_s": t2 - t1,
                 "sync_s": sync_s,
+                "push_s": sync.last_push_s,  # the last push served, start to end
                 "step_s": time.perf_counter() - t0,
                 "elapsed_s": time.perf_counter() - start,
             }
@@ -262,8 +270,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             bar.set_postfix(progress_postfix(metrics))  # tool errors and drops when non-zero
 
             if checkpoint_due(step, cfg, time.perf_counter() - last_ckpt_at):
+                sync.join()  # the buffer saved holds the version the servers serve
                 save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
                 last_ckpt, last_ckpt_at = step, time.perf_counter()
+        sync.join()  # the last version is served before the checkpoint and the evaluation
         if step != last_ckpt:  # stopped early: the last step is saved as at a normal end
             save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
         bar.close()
@@ -338,9 +348,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def check_env(cfg: TrainConfig) -> None:
-    """Build the environment once so that a bad name or argument fails before anything starts."""
+    """Build the environment once so that a bad name or argument fails before anything starts;
+    on a local run, check the CPU placement against this machine's cores."""
     env = make_env(cfg.env.name, **cfg.env.make_kwargs())
     env.close()
+    if not cfg.ray.address:  # on a cluster the cores are those of other machines
+        check_cpus(cfg.trainer.learner_cpus, "trainer.learner_cpus")
+        check_cpus(cfg.inference.cpus, "inference.cpus")
 
 
 def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
@@ -365,27 +379,6 @@ def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bo
     return bool(every and step % every == 0) or by_time or step == cfg.trainer.total_steps
 
 
-def held_out_before(
-    cfg: TrainConfig,
-    servers: list[Any],
-    run_dir: Path,
-    model: str = "policy",
-    *,
-    fresh: bool,
-    name: str = "before",
-) -> dict[str, Any] | None:
-    """Held-out success of the served weights before any step: measured now on a fresh run,
-    read back from ``<run>/eval/<name>`` on a resumed one; None with ``eval.held_out_tasks=0``
-    or ``eval.before=false``.
-    ``name``: ``before`` (the weights RL starts from) or ``base`` (before the warm start)."""
-    if not cfg.eval.held_out_tasks or not cfg.eval.before:
-        return None
-    directory = run_dir / "eval" / name
-    if not fresh:
-        return load_result(directory)
-    return evaluate(cfg, str(servers[0].base_url), model, directory)
-
-
 def make_sync(cfg: TrainConfig, servers: list[Any], run_dir: Path) -> WeightSync:
     """How the learners' weights reach the servers (``<run>/weights`` on a local run)."""
     return WeightSync(
@@ -395,15 +388,6 @@ def make_sync(cfg: TrainConfig, servers: list[Any], run_dir: Path) -> WeightSync
         lora=cfg.model.lora,
         on_cluster=bool(cfg.ray.address),
     )
-
-
-def stop_workers(workers: list[Any], runs: list[Any]) -> None:
-    """Ask the rollout workers to stop and wait (briefly) until they have."""
-    try:
-        ray.get([w.stop.remote() for w in workers], timeout=10)
-        ray.wait(runs, num_returns=len(runs), timeout=60)
-    except Exception:
-        logger.debug("stopping the rollout workers failed", exc_info=True)
 
 
 def start_workers(

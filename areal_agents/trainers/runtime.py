@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.config import dump_yaml, to_dict
+from areal_agents.cpus import pin_process
 from areal_agents.errors import ConfigError
 from areal_agents.files import read_json
 from areal_agents.trainers.checkpoint import CheckpointManager
@@ -30,6 +31,7 @@ __all__ = [
     "remote_class",
     "start_ray",
     "stop_ray",
+    "stop_workers",
 ]
 
 logger = logging.getLogger(__name__)
@@ -252,6 +254,7 @@ class RolloutWorkerActor:
         from areal_agents.serving.engines import get_engine
         from areal_agents.trainers.modeling import node_model_dir
 
+        pin_process(inference.cpus)  # the generation side's cores (inference.cpus)
         # the template applied on this node: the driver's run directory is not readable here
         tokenizer = AutoTokenizer.from_pretrained(str(node_model_dir(model_dir, chat_template)))
         engine = get_engine(inference.engine)
@@ -285,3 +288,14 @@ class RolloutWorkerActor:
 
     async def stats(self) -> WorkerStats:
         return self.worker.stats
+
+
+def stop_workers(workers: list[Any], runs: list[Any]) -> None:
+    """Ask the rollout workers to stop and wait (briefly) until they have."""
+    import ray
+
+    try:
+        ray.get([w.stop.remote() for w in workers], timeout=10)
+        ray.wait(runs, num_returns=len(runs), timeout=60)
+    except Exception:
+        logger.debug("stopping the rollout workers failed", exc_info=True)

@@ -10,7 +10,7 @@ from areal_agents.errors import ConfigError
 from areal_agents.serving.base import InferenceServer
 from areal_agents.serving.engines import ENGINES, EngineSpec, get_engine, register_engine
 from areal_agents.trainers.config import InferenceConfig
-from areal_agents.trainers.inference import WeightSync
+from areal_agents.trainers.weight_sync import WeightSync
 
 
 def test_builtin_engines_resolve_to_launchers_that_are_inference_servers(
@@ -51,4 +51,4 @@ def test_only_the_trainer_push_is_called_weight_sync() -> None:
     import areal_agents.serving.weights as weights
 
     assert not hasattr(weights, "WeightSync")
-    assert WeightSync.__module__ == "areal_agents.trainers.inference"
+    assert WeightSync.__module__ == "areal_agents.trainers.weight_sync"

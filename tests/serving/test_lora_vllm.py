@@ -133,7 +133,7 @@ def test_the_adapter_name_serves_the_base_until_the_first_push(server: Any) -> N
 def test_pushed_adapters_give_the_learners_policy_and_replace_each_other(
     server: Any, tmp_path: Path
 ) -> None:
-    from areal_agents.trainers.inference import WeightSync
+    from areal_agents.trainers.weight_sync import WeightSync
 
     sync = WeightSync(InferenceConfig(), [server], tmp_path, lora=LORA)
     base = _complete(server, "policy")

@@ -183,3 +183,34 @@ def test_parent_death_hook_is_linux_prctl() -> None:
         [sys.executable, "-c", check], preexec_fn=hook, capture_output=True, text=True, timeout=30
     )
     assert int(out.stdout) == signal.SIGTERM
+
+
+def test_cpus_place_the_server_and_what_it_starts() -> None:
+    from areal_agents.serving.vllm import VLLMServer
+    from areal_agents.trainers.modeling import tiny_model_path
+
+    before = set(os.sched_getaffinity(0))
+    core = max(before)
+    code = (
+        "import os, subprocess, sys, time;"
+        "sub = subprocess.run([sys.executable, '-c', 'import os; print(sorted("
+        "os.sched_getaffinity(0)))'], capture_output=True, text=True).stdout.strip();"
+        "print(sorted(os.sched_getaffinity(0)), sub, flush=True); time.sleep(60)"
+    )
+    server = Child(code)
+    server.cpus = (core,)
+    server.start()
+    try:
+        assert server.process is not None and server.log_path is not None
+        deadline = time.monotonic() + 30
+        while not server.log_path.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.log_path.read_text().split() == [f"[{core}]", f"[{core}]"]
+    finally:
+        server.stop()
+    assert set(os.sched_getaffinity(0)) == before  # the launcher stays where it was
+    vllm = VLLMServer(str(tiny_model_path()), served_model_name="policy")
+    unset = vllm.environment().get("VLLM_CPU_OMP_THREADS_BIND")
+    assert unset == os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # no cpus: left as it is
+    vllm.cpus = (0, 1)
+    assert vllm.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"  # its OpenMP threads too

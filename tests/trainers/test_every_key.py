@@ -311,6 +311,13 @@ COVERED: dict[str, str] = {
     "trainer.checkpoint_every": TRAINER + "test_checkpoint_every_and_total_steps",
     "trainer.checkpoint_interval_s": TRAINER + "test_checkpoint_interval_s_saves_by_time",
     "trainer.learner_ranks": "tests/trainers/test_fsdp_equivalence.py",
+    "trainer.learner_cpus": (
+        TRAINER + "test_learner_cpus_and_inference_cpus_place_the_learner_and_the_rollout_workers"
+    ),
+    "trainer.overlap_weight_push": (
+        "tests/trainers/test_weight_sync.py::"
+        "test_push_step_overlaps_only_when_asked_and_joins_the_previous_push"
+    ),
     "trainer.keep_checkpoints": "tests/trainers/test_checkpoint.py",
     "trainer.resume": "tests/test_train.py",
     "trainer.time_budget_s": "tests/test_train.py",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,33 @@ def test_rollout_workers_and_concurrent_groups_shape_the_workers(
     loop.start_workers(cfg, [server], Path("m"), buffer=None)
     assert [w["worker_id"] for w in made] == [0, 1, 2]
     assert {w["max_concurrent_groups"] for w in made} == {5}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity")
+def test_learner_cpus_and_inference_cpus_place_the_learner_and_the_rollout_workers() -> None:
+    from areal_agents.cpus import pin_process
+    from areal_agents.trainers.config import EnvConfig, InferenceConfig
+    from areal_agents.trainers.modeling import tiny_model_path
+    from areal_agents.trainers.runtime import RolloutWorkerActor
+
+    before = sorted(os.sched_getaffinity(0))
+    first, last = before[0], before[-1]
+    try:  # both are built in this process here: each moves the process it runs in
+        learner(learner_cpus=(first,))
+        assert os.sched_getaffinity(0) == {first}
+        pin_process(before)
+        learner()  # None: left where it is
+        assert sorted(os.sched_getaffinity(0)) == before
+        RolloutWorkerActor(
+            env=EnvConfig(name="calculator"),
+            inference=InferenceConfig(cpus=(last,)),
+            base_urls=["http://127.0.0.1:9/v1"],
+            model_dir=str(tiny_model_path()),
+            served_name="policy",
+            buffer=None,
+            worker_id=0,
+            max_concurrent_groups=1,
+        )
+        assert os.sched_getaffinity(0) == {last}
+    finally:
+        pin_process(before)

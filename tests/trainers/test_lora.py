@@ -403,7 +403,7 @@ class _AdapterServer:
 
 def test_weight_sync_pushes_only_the_adapter_with_its_scaling(tmp_path: Path) -> None:
     from areal_agents.trainers.config import InferenceConfig, TrainConfig
-    from areal_agents.trainers.inference import WeightSync
+    from areal_agents.trainers.weight_sync import WeightSync
 
     adapter = learner().adapter_state()
     servers = [_AdapterServer(), _AdapterServer()]

@@ -19,9 +19,9 @@ from areal_agents.errors import WeightSyncError
 from areal_agents.serving.engine import Engine
 from areal_agents.serving.staging import FILE_NAME, StagingFile, mapped_tensors, shm_root
 from areal_agents.trainers.config import InferenceConfig
-from areal_agents.trainers.inference import WeightSync
 from areal_agents.trainers.modeling import tiny_model_path
 from areal_agents.trainers.object_store import ShmLoader, from_arrays, to_arrays
+from areal_agents.trainers.weight_sync import WeightSync
 
 
 def _every_dtype() -> dict[str, torch.Tensor]:

@@ -76,7 +76,8 @@ def test_vllm_on_a_server_host_serves_what_the_object_store_push_sent(
 ) -> None:
     from safetensors.torch import load_file, save_file
 
-    from areal_agents.trainers.inference import WeightSync, start_servers, stop_servers
+    from areal_agents.trainers.inference import start_servers, stop_servers
+    from areal_agents.trainers.weight_sync import WeightSync
 
     base = load_file(str(model_dir / "model.safetensors"))
     gen = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ import pytest
 
 from areal_agents.errors import WeightSyncError
 from areal_agents.trainers.config import InferenceConfig
-from areal_agents.trainers.inference import WeightSync
+from areal_agents.trainers.weight_sync import WeightSync
 
 
 class FakeLearners:
@@ -88,3 +88,69 @@ def test_failures_and_wrong_versions_are_weight_sync_errors(tmp_path: Path) -> N
         WeightSync(InferenceConfig(), [FakeServer(lie=True)], tmp_path / "b").push(
             FakeLearners(), 1
         )
+
+
+class GatedServer(FakeServer):
+    """Loads a version only once ``gate`` is set: a server still busy loading."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def update_weights_from_state_dict(self, state: object, version: int, timeout: float) -> None:
+        assert self.gate.wait(30)
+        self.version = version
+
+
+class SnapshotLearners:
+    """Hands over its weights as the state dict push takes them; counts the snapshots."""
+
+    def __init__(self) -> None:
+        self.weights = {"w": 0}
+        self.snapshots: list[dict[str, int]] = []
+
+    def full_state(self) -> dict[str, int]:
+        self.snapshots.append(dict(self.weights))
+        return self.snapshots[-1]
+
+
+def test_start_takes_the_snapshot_at_once_and_the_servers_load_it_in_the_background(
+    tmp_path: Path,
+) -> None:
+    server, learners, served = GatedServer(), SnapshotLearners(), []
+    sync = WeightSync(InferenceConfig(weight_sync="state_dict"), [server], tmp_path)
+    assert sync.served_versions == [0]
+    pending = sync.start(learners, 1, on_served=served.append)
+    assert learners.snapshots == [{"w": 0}]  # taken before start returned
+    learners.weights["w"] = 1  # the next step trains on: the push is not affected
+    time.sleep(0.2)
+    assert not pending.done() and served == [] and sync.served_versions == [0]
+    server.gate.set()
+    assert pending.wait() > 0
+    assert served == [1] and server.version == 1 and sync.served_versions == [1]
+
+
+def test_push_step_overlaps_only_when_asked_and_joins_the_previous_push(tmp_path: Path) -> None:
+    server, learners, served = GatedServer(), SnapshotLearners(), []
+    sync = WeightSync(InferenceConfig(weight_sync="state_dict"), [server], tmp_path)
+    sync.push_step(learners, 1, overlap=True, on_served=served.append)
+    assert served == []  # returned while the server still loads version 1
+    threading.Timer(0.3, server.gate.set).start()
+    held = sync.push_step(learners, 2, overlap=True, on_served=served.append)
+    assert held >= 0.25  # the second push waited for the first one to be served
+    assert served[0] == 1
+    sync.join()
+    assert served == [1, 2] and server.version == 2
+
+    gated = GatedServer()
+    serial = WeightSync(InferenceConfig(weight_sync="state_dict"), [gated], tmp_path)
+    threading.Timer(0.3, gated.gate.set).start()
+    held = serial.push_step(learners, 1, overlap=False)
+    assert held >= 0.25 and gated.version == 1  # without overlap it returns once served
+
+
+def test_an_overlapped_push_that_fails_raises_when_joined(tmp_path: Path) -> None:
+    sync = WeightSync(InferenceConfig(), [FakeServer(fail=True)], tmp_path)
+    sync.push_step(FakeLearners(), 1, overlap=True)
+    with pytest.raises(WeightSyncError, match="do not fit"):
+        sync.join()

@@ -14,7 +14,8 @@ import pytest
 
 from areal_agents.errors import ConfigError, WeightSyncError
 from areal_agents.trainers.config import InferenceConfig, LoraConfig, ModelConfig, TrainConfig
-from areal_agents.trainers.inference import WeightSync, _create
+from areal_agents.trainers.inference import _create
+from areal_agents.trainers.weight_sync import WeightSync
 
 
 class Log(list[str]):
@@ -84,6 +85,10 @@ def test_the_learners_send_while_the_servers_are_paused(tmp_path: Path, mode: st
     }
     assert sync.served_versions == [2, 2]
     assert not any(tmp_path.iterdir())  # no checkpoint on any disk
+    # the learners send it themselves: even an overlapped push is over when it returns, so the
+    # next step cannot reach the learners before they have sent this version
+    sync.push_step(learners, 3, overlap=True)
+    assert log[-3:] == ["send 3", "resume a", "resume b"] and sync.served_versions == [3, 3]
 
 
 def test_a_failed_send_is_a_weight_sync_error_and_the_servers_resume(tmp_path: Path) -> None:
