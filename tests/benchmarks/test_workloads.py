@@ -60,3 +60,38 @@ def test_max_turns_truncates_a_long_dialogue() -> None:
     env.reset(seed=0)
     reward, term, trunc, turns, _rounds = _answer_all(env)
     assert (term, trunc, turns, reward) == (False, True, 4, 0.0)
+
+
+def _call(env) -> str:  # type: ignore[no-untyped-def]
+    expression = env.unwrapped.task.prompt[len("What is ") : -1]
+    return "<tool_call>" + json.dumps(
+        {"name": "calculator", "arguments": {"expression": expression}}
+    ) + "</tool_call>"  # fmt: skip
+
+
+def test_a_question_out_of_turns_scores_0_and_the_next_is_asked() -> None:
+    env = LongTailCalculator(rounds=(2,), weights=(1.0,))
+    assert env.max_turns == 4  # turns_per_question x the longest dialogue
+    env.reset(seed=3)
+    first, second = (q.prompt for q in env._questions)
+    env.step(_call(env))
+    obs, reward, term, trunc, _ = env.step(_call(env))  # a second call: question 1 is over
+    assert (reward, term, trunc) == (0.0, False, False)
+    assert obs[0]["role"] == "tool" and obs[-1] == {"role": "user", "content": second}
+    assert first != second
+    value = int(env.step(_call(env))[0][0]["content"])
+    obs, reward, term, trunc, info = env.step(f"\\boxed{{{value}}}")
+    assert (reward, term, trunc, info["rounds_correct"]) == (0.5, True, False, 1)
+
+
+def test_a_policy_that_never_answers_ends_after_its_turns_per_question() -> None:
+    for per_question in (1, 2, 3):
+        env = LongTailCalculator(rounds=(4,), weights=(1.0,), turns_per_question=per_question)
+        env.reset(seed=0)
+        turns, term, trunc = 0, False, False
+        while not (term or trunc):
+            _, reward, term, trunc, _ = env.step(_call(env))
+            turns += 1
+        assert (turns, reward, term, trunc) == (4 * per_question, 0.0, True, False)
+        with pytest.raises(Exception, match="reset"):
+            env.step("\\boxed{1}")
