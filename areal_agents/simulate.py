@@ -34,18 +34,24 @@ __all__ = ["main", "run_table", "sim_config", "table_lines"]
 
 
 def run_table(
-    profile: str | Profile, base: SimConfig, staleness: Sequence[int]
+    profile: str | Profile,
+    base: SimConfig,
+    staleness: Sequence[int],
+    sync_profile: str | Profile | None = None,
 ) -> list[dict[str, Any]]:
     """Sync, then async at each bound in ``staleness`` on ``profile`` (a name, a file or a
-    :class:`Profile`); one row per setting."""
+    :class:`Profile`); sync on ``sync_profile`` when given (its own placement of the same
+    machine: every core for the server, then for the learner); one row per setting."""
     if not isinstance(profile, Profile):
         profile = load_profile(profile)
+    if sync_profile is not None and not isinstance(sync_profile, Profile):
+        sync_profile = load_profile(sync_profile)
     rows: list[dict[str, Any]] = []
     settings = [("sync", 0)] + [("async", s) for s in staleness]
     sync_tps = 0.0
     for mode, eta in settings:
         cfg = SimConfig(**{**base.__dict__, "mode": mode, "max_staleness": eta})
-        res = simulate(profile, cfg)
+        res = simulate(sync_profile or profile if mode == "sync" else profile, cfg)
         if mode == "sync":
             sync_tps = res.tokens_per_s
         row = {"setting": "sync" if mode == "sync" else f"async s={eta}", **res.to_dict()}
@@ -89,6 +95,17 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m areal_agents.simulate", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--profile", default="cpu_2core_builtin", help="a shipped name or a file")
+    p.add_argument(
+        "--sync-profile",
+        default=None,
+        help="the profile sync runs on (its placement of the machine); default: --profile",
+    )
+    p.add_argument(
+        "--no-overlap-push",
+        dest="overlap_push",
+        action="store_false",
+        help="each step waits for its weight push (trainer.overlap_weight_push=false)",
+    )
     p.add_argument("--list", action="store_true", help="print the shipped profiles and exit")
     p.add_argument(
         "--from-run",
@@ -119,9 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = load_profile(args.profile)
     if args.from_run:
         profile = profile_from_run(args.from_run, profile)
-    rows = run_table(profile, base, staleness)
+    sync_profile = load_profile(args.sync_profile) if args.sync_profile else None
+    rows = run_table(profile, base, staleness, sync_profile)
+    where = f" (sync on {sync_profile.name})" if sync_profile else ""
     print(
-        f"profile {profile.name}: {args.servers} server(s), {args.learners} learner(s), "
+        f"profile {profile.name}{where}: {args.servers} server(s), {args.learners} learner(s), "
         f"{args.groups_per_step} groups x {args.group_size} per step, {args.steps} steps"
     )
     print("\n".join(table_lines(rows)))

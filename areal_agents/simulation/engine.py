@@ -12,8 +12,11 @@ What is simulated is time:
 - **Rollout workers** keep at most ``concurrent_groups`` groups in flight and ask the buffer
   for more whenever one finishes or a version is pushed.
 - **The learner** takes a batch whenever the buffer gives one, trains for
-  ``learner.train_s(tokens)``, pushes the weights (``push_s``; the servers pause when the
-  profile says so), then sets the buffer's version, as ``trainers/loop.py`` does.
+  ``learner.train_s(tokens)``, then pushes the weights: it holds the learner for
+  ``push_learner_s`` (the snapshot) and the servers for ``push_s`` (they pause when the profile
+  says so), and the buffer's version is set once the servers have them. With ``overlap_push``
+  (the trainer's ``trainer.overlap_weight_push``) the learner trains the next batch meanwhile
+  and only the next push waits for this one; without, the step ends when the push does.
 
 Each server keeps a *virtual clock* (tokens served to each of its requests so far); a request
 ends when that clock reaches its start plus its tokens, so one event costs ``O(log n)`` however
@@ -69,6 +72,9 @@ class SimConfig:
     concurrent_groups: int | None = None
     """Groups in flight at once over all rollout workers (None: as many as the buffer admits)."""
     batch_order: BatchOrder = "ready"
+    overlap_push: bool = True
+    """The next step trains while the servers load the last push
+    (``trainer.overlap_weight_push``)."""
     seed: int = 0
     """Seed of the task stream (``trainer.seed``) and of the length draws."""
 
@@ -168,7 +174,7 @@ class _Server:
 
 
 # event kinds
-_SERVER, _TURN, _TRAINED, _PUSHED = 0, 1, 2, 3
+_SERVER, _TURN, _TRAINED, _PUSHED, _STEP_END = 0, 1, 2, 3, 4
 
 
 class _Sim:
@@ -188,8 +194,10 @@ class _Sim:
         self.in_flight = 0
         self.limit = cfg.concurrent_groups or 1 << 60
         self.version = 0  # the servers' weights
-        self.learner_busy = False  # training or pushing
+        self.learner_busy = False  # training, taking the snapshot, or waiting on a push
         self.training = False
+        self.pushing = False  # the servers' half of a push is under way
+        self.push_waiting = False  # a trained step waits for the push before it to finish
         self.batch_may_be_ready = False  # a group completed or the learner became free
         self.step = 0
         self.step_ends: list[float] = []
@@ -209,7 +217,7 @@ class _Sim:
 
     def run(self) -> SimResult:
         self.admit()
-        while self.step < self.cfg.steps:
+        while len(self.step_ends) < self.cfg.steps:
             if not self.events:
                 raise RuntimeError("the simulation stalled: no event and the run is not done")
             t, _, kind, payload = heapq.heappop(self.events)
@@ -222,8 +230,10 @@ class _Sim:
                 self.start_turn(cast(_Episode, payload))
             elif kind == _TRAINED:
                 self.trained_done()
+            elif kind == _PUSHED:
+                self.pushed(cast(int, payload))
             else:
-                self.pushed()
+                self.step_end()
             if self.batch_may_be_ready:
                 self.try_train()
         return self.result()
@@ -310,7 +320,7 @@ class _Sim:
     # ---- learning ------------------------------------------------------------------------
 
     def try_train(self) -> None:
-        if self.learner_busy or self.step >= self.cfg.steps:
+        if self.learner_busy or self.step >= self.cfg.steps:  # (step: trained so far)
             return
         self.batch_may_be_ready = False
         batch = self.buffer.pop_batch()
@@ -338,30 +348,50 @@ class _Sim:
 
     def trained_done(self) -> None:
         self.set_training(False)
+        self.step += 1  # the learner holds version ``step`` now
+        if self.pushing:  # the push before is still loading: this one waits for it
+            self.push_waiting = True
+        else:
+            self.start_push()
+
+    def start_push(self) -> None:
+        """Push the learner's version: servers busy ``push_s``, learner ``push_learner_s``."""
+        self.pushing = True
         self.push_total += self.p.push_s
         if self.p.push_pauses_generation:
             for sid, server in enumerate(self.servers):
                 server.advance(self.now)
                 server.paused = True
                 self.reschedule(sid)
-        self.schedule(self.now + self.p.push_s, _PUSHED, None)
+        self.schedule(self.now + self.p.push_s, _PUSHED, self.step)
+        if self.cfg.overlap_push:  # free once the snapshot is taken
+            self.schedule(self.now + self.p.push_learner_s, _STEP_END, None)
 
-    def pushed(self) -> None:
-        self.step += 1
-        self.version = self.step
+    def pushed(self, version: int) -> None:
+        """Every server serves ``version``: the buffer counts it from now on."""
+        self.pushing = False
+        self.version = version
         for sid, server in enumerate(self.servers):
             if server.paused:
                 server.advance(self.now)
                 server.paused = False
                 self.reschedule(sid)
+        self.buffer.set_version(version)
+        if not self.cfg.overlap_push:
+            self.step_end()
+        elif self.push_waiting:
+            self.push_waiting = False
+            self.start_push()
+        if len(self.step_ends) < self.cfg.steps:
+            self.admit()
+
+    def step_end(self) -> None:
+        """The loop's step is over: the learner may take the next batch."""
         self.step_ends.append(self.now)
-        self.buffer.set_version(self.step)
         self.learner_busy = False
         self.batch_may_be_ready = True
-        if self.step >= self.cfg.steps:
+        if len(self.step_ends) >= self.cfg.steps:
             self.buffer.close()
-        else:
-            self.admit()
 
     def result(self) -> SimResult:
         end = self.now
@@ -372,7 +402,7 @@ class _Sim:
         stale = [s for _, _, s in self.trained]
         return SimResult(
             elapsed_s=end,
-            steps=self.step,
+            steps=len(self.step_ends),
             trained_samples=n,
             trained_tokens=sum(t for t, _, _ in self.trained),
             turns_mean=sum(t for _, t, _ in self.trained) / n if n else 0.0,

@@ -6,7 +6,8 @@ time (``time/train_s``), the push (``time/sync_s``), the trained policy tokens
 
 - ``learner.step_s`` and ``learner.token_s``: least squares of training time on tokens (one
   distinct token count: all of it is ``step_s``);
-- ``push_s``: the mean push;
+- ``push_s``: the mean push, start to served (``time/push_s``; ``time/sync_s`` in runs that
+  predate it), and ``push_learner_s``: the median time a push held the loop (``time/sync_s``);
 - ``episode.tokens_per_turn``: trained tokens / (episodes x mean turns).
 
 A step's metrics do not give the server's throughput at other concurrencies nor the length of
@@ -45,17 +46,22 @@ def profile_from_run(run_dir: str | Path, base: Profile) -> Profile:
     else:
         token_s, step_s = 0.0, statistics.fmean(train)
     learner = LearnerProfile(step_s, token_s, base.learner.scaling_efficiency)
+    held = [float(r["time/sync_s"]) for r in rows]
+    whole = [float(r["time/push_s"]) for r in rows if float(r.get("time/push_s") or 0) > 0]
+    push_s = statistics.fmean(whole or held)  # time/push_s: start to served, even overlapped
     episode = dataclasses.replace(base.episode, tokens_per_turn={sum(tokens) / turns: 1.0})
     return dataclasses.replace(
         base,
         name=f"{base.name}+{Path(run_dir).name}",
         learner=learner,
         episode=episode,
-        push_s=statistics.fmean(float(r["time/sync_s"]) for r in rows),
+        push_s=push_s,
+        push_learner_s=min(push_s, statistics.median(held)),
         sources={
             **base.sources,
             "learner": f"{path}: least squares of time/train_s on tokens/policy",
-            "push_s": f"{path}: mean time/sync_s",
+            "push_s": f"{path}: mean time/push_s (time/sync_s before it was recorded)",
+            "push_learner_s": f"{path}: median time/sync_s (the time the push held the loop)",
             "episode.tokens_per_turn": f"{path}: tokens/policy / (episodes x turns_mean)",
         },
     )

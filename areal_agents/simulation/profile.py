@@ -14,7 +14,7 @@ A profile is a YAML (or JSON) file with four sections, each number's source said
 - ``learner``: training time of one step, ``step_s + token_s * policy_tokens``, divided by
   ``1 + scaling_efficiency * (learners - 1)`` with more learner ranks.
 - ``push_s``: one weight push (every server at once); ``push_pauses_generation`` stops the
-  servers meanwhile.
+  servers meanwhile; ``push_learner_s`` (default 0) is the part of it that holds the learner.
 
 The shipped profiles live next to this module (``profiles/*.yaml``);
 :func:`load_profile` takes their name or a path.
@@ -145,7 +145,9 @@ class Profile:
     episode: EpisodeProfile
     learner: LearnerProfile
     push_s: float
-    """Seconds of one weight push."""
+    """Seconds of one weight push, from the learner's snapshot to every server serving it."""
+    push_learner_s: float = 0.0
+    """The part of ``push_s`` that holds the learner (taking the snapshot of its weights)."""
     push_pauses_generation: bool = True
     """Whether the servers stop generating while they load new weights."""
     description: str = ""
@@ -177,6 +179,7 @@ class Profile:
                     scaling_efficiency=float(lrn.get("scaling_efficiency", 0.9)),
                 ),
                 push_s=float(data["push_s"]),
+                push_learner_s=float(data.get("push_learner_s", 0.0)),
                 push_pauses_generation=bool(data.get("push_pauses_generation", True)),
                 description=str(data.get("description", "")).strip(),
                 sources={str(k): str(v).strip() for k, v in (data.get("sources") or {}).items()},

@@ -32,7 +32,8 @@ FLAT = Profile(
     learner=LearnerProfile(step_s=4.0, token_s=0.01),
     push_s=1.0,
 )
-TWO_SERVERS = SimConfig(servers=2, groups_per_step=1, group_size=2, steps=3)
+# the push holds the learner too: each step ends when its push does (overlap_push is below)
+TWO_SERVERS = SimConfig(servers=2, groups_per_step=1, group_size=2, steps=3, overlap_push=False)
 
 
 def test_sync_is_generation_then_training_then_push_each_step() -> None:
@@ -157,3 +158,72 @@ def test_a_profile_from_a_runs_metrics(tmp_path: Path, capsys: pytest.CaptureFix
     assert p.server == base.server and p.episode.turns == base.episode.turns
     assert main(["--from-run", str(tmp_path), "--steps", "1", "--staleness", "1"]) == 0
     assert f"+{tmp_path.name}" in capsys.readouterr().out
+    # an overlapped run also records each push start to served (time/push_s, 0 before the
+    # first one is served); the push held the loop only for time/sync_s
+    for r, whole in zip(rows, (0.0, 4.0, 6.0), strict=True):
+        r["time/push_s"], r["time/sync_s"] = whole, r["time/sync_s"] / 4
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p = profile_from_run(tmp_path, base)
+    assert (p.push_s, p.push_learner_s) == pytest.approx((5.0, 0.5))
+
+
+def test_sync_may_run_on_a_profile_of_its_own_placement() -> None:
+    from areal_agents.simulate import run_table
+
+    twice = Profile(
+        name="paper-all-cores",  # sync's placement: the server twice as fast, in turn
+        server=ServerProfile(concurrency=(1,), throughput=(20.0,)),
+        episode=FLAT.episode,
+        learner=FLAT.learner,
+        push_s=1.0,
+    )
+    base = SimConfig(**{**TWO_SERVERS.__dict__, "mode": "sync"})
+    rows = run_table(FLAT, base, [1], sync_profile=twice)
+    # sync, as in the first test but generating in 5 s: 12 s a step; async as before, on FLAT
+    assert rows[0]["elapsed_s"] == pytest.approx(36.0)
+    assert rows[1]["elapsed_s"] == pytest.approx(49.0)
+    assert rows[1]["vs_sync"] == pytest.approx(36.0 / 49.0, abs=1e-3)
+
+
+# The push overlapping the next step, on paper: one server making 100 tokens/s whatever its
+# load, episodes of one 100-token turn, one episode per group and per step; a step trains in
+# 4 s; a push holds the learner 0.5 s (its snapshot) and the servers 2 s.
+FAST = Profile(
+    name="paper-overlap",
+    server=ServerProfile(concurrency=(1,), throughput=(100.0,)),
+    episode=EpisodeProfile(turns={1: 1.0}, tokens_per_turn={100.0: 1.0}),
+    learner=LearnerProfile(step_s=4.0, token_s=0.0),
+    push_s=2.0,
+    push_learner_s=0.5,
+)
+ONE = SimConfig(mode="async", max_staleness=2, groups_per_step=1, group_size=1, steps=3)
+
+
+def test_an_overlapped_push_frees_the_learner_after_its_snapshot() -> None:
+    # Staleness 2 admits 3 groups at 0: they share the server and finish at 3 s.
+    #   3-7 train group 0; 7 snapshot, the servers load version 1 until 9; the step ends at 7.5
+    #   7.5-11.5 train group 1 (9: version 1 served, group 3 admitted, done at 10)
+    #   11.5 push (servers to 13.5), step ends at 12; 12-16 train group 2, step ends at 16.5.
+    r = simulate(FAST, ONE)
+    assert r.step_ends == pytest.approx([7.5, 12.0, 16.5])
+    assert (r.staleness_mean, r.staleness_max) == (1.0, 2)
+    # without the overlap each step waits for its push: 3-7 train, 7-9 push, and so on
+    serial = simulate(FAST, SimConfig(**{**ONE.__dict__, "overlap_push": False}))
+    assert serial.step_ends == pytest.approx([9.0, 15.0, 21.0])
+    assert (serial.staleness_mean, serial.staleness_max) == (1.0, 2)
+
+
+def test_a_push_longer_than_a_step_holds_the_next_push_not_the_training() -> None:
+    # Pushes of 5 s that hold only the servers: 3-7 train, push 7-12 while 7-11 trains group 1;
+    # its push waits for the first one (12-17) while 12-16 trains group 2, whose push starts at
+    # 17: the step ends 7, 12, 17. Serially: 3-7, 7-12, 12-16, 16-21, 21-25, 25-30.
+    slow = Profile(
+        name="paper-slow-push",
+        server=FAST.server,
+        episode=FAST.episode,
+        learner=FAST.learner,
+        push_s=5.0,
+    )
+    assert simulate(slow, ONE).step_ends == pytest.approx([7.0, 12.0, 17.0])
+    serial = simulate(slow, SimConfig(**{**ONE.__dict__, "overlap_push": False}))
+    assert serial.step_ends == pytest.approx([12.0, 21.0, 30.0])
