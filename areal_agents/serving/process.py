@@ -108,6 +108,9 @@ class ServerProcess:
     log_prefix: ClassVar[str] = "areal-server-"
     """Prefix of the temporary log file made when no ``log_path`` is given."""
     log_tail_on_timeout: ClassVar[bool] = False
+    status_timeout_s: ClassVar[float] = 60.0
+    """Time limit of a status read (the weight version): a server generating for dozens of
+    episodes on one CPU core answered ``/weight_info`` only after more than 10 s."""
     """Whether the not-ready-in-time error carries the end of the log."""
     parent_death_signal: ClassVar[int] = signal.SIGTERM
     """What the child receives when the process that started it dies."""

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
@@ -31,6 +31,9 @@ __all__ = ["BuiltinServer", "BuiltinServerClient"]
 class BuiltinServerClient:
     """The training routes of a running built-in server (see
     :class:`~areal_agents.serving.base.InferenceServer`)."""
+
+    status_timeout_s: ClassVar[float] = ServerProcess.status_timeout_s
+    """Time limit of a status read (the weight version)."""
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
@@ -83,7 +86,7 @@ class BuiltinServerClient:
 
     def weight_version(self) -> int:
         try:
-            response = httpx.get(f"{self.root_url}/weight_version", timeout=10.0)
+            response = httpx.get(f"{self.root_url}/weight_version", timeout=self.status_timeout_s)
             response.raise_for_status()
         except httpx.HTTPError as e:
             raise WeightSyncError(f"/weight_version failed: {e}") from None

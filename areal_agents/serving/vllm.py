@@ -261,7 +261,7 @@ class VLLMServer(ServerProcess):
         self._request("POST", "/resume", timeout)
 
     def weight_version(self) -> int:
-        data = self._request("GET", "/weight_info", 10.0)
+        data = self._request("GET", "/weight_info", self.status_timeout_s)
         value = str((data or {}).get("weight_version", ""))
         return int(value) if value.isdigit() else self._version
 
