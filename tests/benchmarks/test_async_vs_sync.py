@@ -125,7 +125,8 @@ def test_overrides_keep_everything_but_the_staleness_equal(tmp_path: Path, engin
     args = async_vs_sync.main.__globals__["argparse"].Namespace(
         env="calculator", model="tiny", group_size=4, groups_per_step=2, steps=3, lr=1e-5,
         concurrent_groups=8, max_tokens=16, extra=[], engine=engine, held_out=128,
-        loss="decoupled_ppo", sync_threads=2, async_threads=1,
+        loss="decoupled_ppo", sync_threads=2, async_threads=1, sync_cpus="0,1",
+        async_server_cpus="1", async_learner_cpus="0",
     )  # fmt: skip
     sync = async_vs_sync._overrides(args, 0, tmp_path, seed=1)
     fast = async_vs_sync._overrides(args, 4, tmp_path, seed=1)
@@ -135,16 +136,20 @@ def test_overrides_keep_everything_but_the_staleness_equal(tmp_path: Path, engin
     assert "trainer.torch_threads=2" in sync and "trainer.torch_threads=1" in fast
     if engine == "builtin":
         assert "inference.torch_threads=2" in sync and "inference.torch_threads=1" in fast
-    else:  # vLLM-CPU takes its threads from VLLM_CPU_OMP_THREADS_BIND, and refuses the key
+    else:  # vLLM-CPU binds its threads to inference.cpus, and refuses the key
         assert "inference.torch_threads=null" in sync and "inference.torch_threads=null" in fast
+    # and where: sync's server and learner on both cores in turn, async's apart
+    assert {"inference.cpus=[0,1]", "trainer.learner_cpus=[0,1]"} <= set(sync)
+    assert {"inference.cpus=[1]", "trainer.learner_cpus=[0]"} <= set(fast)
     assert {"eval.held_out_tasks=128", "trainer.seed=1", f"inference.engine={engine}"} <= set(sync)
-    common = {
-        a for a in sync if not a.startswith(("trainer.mode", "trainer.torch", "inference.torch"))
-    }
+    placed = ("trainer.mode", "trainer.torch", "inference.torch", "inference.cpus", "trainer.lea")
+    common = {a for a in sync if not a.startswith(placed)}
     assert common <= set(fast)
     for overrides in (sync, fast):  # what the trainer will be started with is a valid config
         cfg = load_config(TrainConfig, overrides)
         assert cfg.inference.engine == engine and cfg.trainer.seed == 1
+    args.async_server_cpus = args.async_learner_cpus = "none"  # async unpinned: no key at all
+    assert not any("cpus" in a for a in async_vs_sync._overrides(args, 4, tmp_path, seed=1))
 
 
 @pytest.mark.slow
