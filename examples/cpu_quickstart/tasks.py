@@ -22,6 +22,7 @@ __all__ = [
     "HELDOUT_SEED0",
     "WARM_SEED0",
     "demonstration",
+    "dialogue",
     "heldout_seeds",
     "overlap_with_training",
     "task_for_seed",
@@ -97,6 +98,18 @@ def demonstration(seed: int, use_tool: bool = True) -> tuple[list[Any], list[Any
         Message.assistant(f"The answer is \\boxed{{{answer}}}."),
     ]
     tools = [ToolSpec.from_openai(t) for t in info["tools"]]
+    return messages, tools
+
+
+def dialogue(seeds: list[int], use_tool: list[bool]) -> tuple[list[Any], list[Any]]:
+    """One conversation that asks the questions of tasks ``seeds`` one after the other, each
+    demonstrated as :func:`demonstration` does (``use_tool[i]`` for question ``i``): the
+    shape of a ``benchmarks.workloads:LongTailCalculator-v0`` dialogue."""
+    messages: list[Any] = []
+    tools: list[Any] = []
+    for seed, tool in zip(seeds, use_tool, strict=True):
+        turn, tools = demonstration(seed, use_tool=tool)
+        messages += turn if not messages else turn[1:]  # one system prompt, at the start
     return messages, tools
 
 

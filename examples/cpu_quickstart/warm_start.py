@@ -46,13 +46,18 @@ def warm_start(
     lr: float = 2e-5,
     seed: int = 0,
     threads: int | None = None,
+    max_questions: int = 1,
 ) -> dict[str, Any]:
-    """Fine-tune ``model`` on ``demos`` demonstrations for ``steps`` steps; save to ``out``."""
+    """Fine-tune ``model`` on ``demos`` demonstrations for ``steps`` steps; save to ``out``.
+
+    ``max_questions`` above 1 makes each demonstration a dialogue of 1 to ``max_questions``
+    calculator questions (uniformly), as the async-vs-sync benchmark's long-tail workload asks
+    them; each question is answered directly with probability ``direct_frac``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from areal_agents.trainers.modeling import resolve_model_dir
-    from examples.cpu_quickstart.tasks import demonstration, warm_start_seeds
+    from examples.cpu_quickstart.tasks import dialogue, warm_start_seeds
 
     if threads:
         torch.set_num_threads(threads)
@@ -63,12 +68,20 @@ def warm_start(
     policy: Any = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
     policy.to(device)
     policy.train()
-    seeds = warm_start_seeds(demos)
-    direct = set(random.Random(seed + 1).sample(range(demos), round(direct_frac * demos)))
-    data = [
-        encode_demonstration(tokenizer, *demonstration(s, use_tool=i not in direct))
-        for i, s in enumerate(seeds)
-    ]
+    pick = random.Random(seed + 2)
+    sizes = [pick.randint(1, max_questions) for _ in range(demos)]
+    seeds = warm_start_seeds(sum(sizes))
+    questions = len(seeds)
+    direct = set(random.Random(seed + 1).sample(range(questions), round(direct_frac * questions)))
+    data, first = [], 0
+    for k in sizes:
+        asked = range(first, first + k)
+        data.append(
+            encode_demonstration(
+                tokenizer, *dialogue([seeds[i] for i in asked], [i not in direct for i in asked])
+            )
+        )
+        first += k
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     order: list[int] = []
@@ -115,6 +128,7 @@ def warm_start(
         "source": str(model),
         "demos": demos,
         "direct_frac": direct_frac,
+        "max_questions": max_questions,
         "steps": steps,
         "batch_size": batch_size,
         "lr": lr,
@@ -138,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max-questions", type=int, default=1, help="questions per demonstration dialogue, 1-K"
+    )
     args = parser.parse_args(argv)
     info = warm_start(
         args.out,
@@ -148,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
+        max_questions=args.max_questions,
     )
     print(json.dumps({k: v for k, v in info.items() if k != "losses"}))
     return info

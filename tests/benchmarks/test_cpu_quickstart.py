@@ -51,6 +51,25 @@ def test_demonstrations_mask_exactly_the_assistant_turns() -> None:
     assert trained == f"The answer is \\boxed{{{task.answer}}}.<|im_end|>"
 
 
+def test_a_dialogue_demonstration_asks_each_question_after_the_last_answer() -> None:
+    from transformers import AutoTokenizer
+
+    from areal_agents.serving.model import default_model_path
+    from examples.cpu_quickstart.warm_start import encode_demonstration
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    first, second = tasks.warm_start_seeds(2, heldout=8)
+    messages, _ = tasks.dialogue([first, second], [True, False])
+    roles = [m.role for m in messages]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert messages[5].content == tasks.task_for_seed(second).prompt
+    ids, mask = encode_demonstration(tokenizer, *tasks.dialogue([first, second], [True, False]))
+    trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    answer = tasks.task_for_seed(second).answer
+    assert trained.count("<|im_end|>") == 3  # the call, the first answer, the direct second
+    assert trained.endswith(f"The answer is \\boxed{{{answer}}}.<|im_end|>")
+
+
 def test_eval_command_uses_the_heldout_seeds() -> None:
     command = eval_command("some/model", "out", tasks=32, temperature=1.0)
     assert command[1:3] == ["-m", "areal_agents.eval"]
