@@ -222,6 +222,12 @@ def _buckets(args: argparse.Namespace, out_dir: Path, seed: int) -> dict[str, in
     return length_buckets(rows, rounds.__getitem__, args.group_size)
 
 
+_PER_STEP = (
+    "time/wait_s", "time/train_s", "time/sync_s", "time/push_s", "tokens/policy", "episodes",
+    "episode/turns_mean", "learner/forward_tokens", "batch/task_indices",
+)  # fmt: skip
+
+
 def summarize(metrics_path: Path, monitor: Monitor | None = None) -> dict[str, Any]:
     """The figures of one run from its ``metrics.jsonl`` (and the CPU samples)."""
     rows = _rows(metrics_path)
@@ -245,13 +251,18 @@ def summarize(metrics_path: Path, monitor: Monitor | None = None) -> dict[str, A
         "reward_final": round(statistics.fmean(float(r["reward/mean"]) for r in tail), 4),
         "learner_wait_frac": round(sum(float(r["time/wait_s"]) for r in rows) / elapsed, 3),
         "train_s": round(sum(float(r["time/train_s"]) for r in rows), 1),
-        "sync_s": round(sum(float(r["time/sync_s"]) for r in rows), 1),
+        "sync_s": round(sum(float(r["time/sync_s"]) for r in rows), 1),  # the loop held
+        "push_s": round(sum(float(r.get("time/push_s", 0.0)) for r in rows), 1),  # to served
+        "wait_s": round(sum(float(r["time/wait_s"]) for r in rows), 1),
+        "forward_tokens": int(sum(float(r.get("learner/forward_tokens", 0)) for r in rows)),
         "turns_mean": lengths["turns_mean"],  # of the trained episodes, episode-weighted
         "policy_tokens_mean": lengths["policy_tokens_mean"],
         "dropped_episodes": int(float(rows[-1].get("buffer/dropped_episodes", 0))),
         "curve": [
             [round(float(r["time/elapsed_s"]), 1), round(float(r["reward/mean"]), 4)] for r in rows
         ],
+        # per step, for a profile of this run (areal_agents.simulation.profile_from_run)
+        "per_step": [{k: r.get(k) for k in _PER_STEP} for r in rows],
     }
     if monitor is not None and monitor.loop_start is not None:
         idle = monitor.idle_fractions(monitor.loop_start, monitor.loop_start + elapsed)
