@@ -168,6 +168,11 @@ def test_tiny_sync_and_async_runs_print_the_table(tmp_path: Path, capsys) -> Non
     assert all(r["held_out"]["tasks"] == 2 for r in runs.values())
     assert all(r["held_out"]["success_after"] is not None for r in runs.values())
     assert all(len(r["load_before"]["loadavg"]) == 3 for r in runs.values())
+    # each step's figures, enough for a simulator profile: the trained tasks, time, tokens
+    for r in runs.values():
+        (step,) = r["per_step"]
+        assert len(step["batch/task_indices"]) == 1 and step["time/train_s"] > 0
+        assert step["tokens/policy"] == r["trained_tokens"] and r["forward_tokens"] > 0
     assert "seed0" in result["comparison"]["length_agreement"]
     assert (tmp_path / "plots" / "async_vs_sync_reward.png").is_file()
     assert "vs sync" in capsys.readouterr().out
