@@ -14,7 +14,7 @@ and episode lengths described by a :class:`Profile` (``profiles/*.yaml``). The c
 from __future__ import annotations
 
 from areal_agents.simulation.engine import EpisodeShape, ShapeFn, SimConfig, SimResult, simulate
-from areal_agents.simulation.from_run import profile_from_run
+from areal_agents.simulation.from_run import profile_from_rows, profile_from_run
 from areal_agents.simulation.profile import (
     EpisodeProfile,
     LearnerProfile,
@@ -35,6 +35,7 @@ __all__ = [
     "SimResult",
     "available_profiles",
     "load_profile",
+    "profile_from_rows",
     "profile_from_run",
     "simulate",
 ]

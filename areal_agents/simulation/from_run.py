@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from areal_agents.errors import ConfigError
 from areal_agents.files import read_jsonl
 from areal_agents.simulation.profile import LearnerProfile, Profile
 
-__all__ = ["profile_from_run"]
+__all__ = ["profile_from_rows", "profile_from_run"]
 
 _KEYS = ("time/train_s", "time/sync_s", "tokens/policy", "episodes", "episode/turns_mean")
 
@@ -32,12 +34,23 @@ _KEYS = ("time/train_s", "time/sync_s", "tokens/policy", "episodes", "episode/tu
 def profile_from_run(run_dir: str | Path, base: Profile) -> Profile:
     """``base`` with the learner, push and tokens per turn measured in ``run_dir``."""
     path = Path(run_dir) / "metrics.jsonl"
-    rows = read_jsonl(path, required=_KEYS)
+    return profile_from_rows(read_jsonl(path, required=_KEYS), base, str(path), Path(run_dir).name)
+
+
+def profile_from_rows(
+    rows: Sequence[Mapping[str, Any]], base: Profile, source: str, label: str
+) -> Profile:
+    """``base`` with the learner, push and tokens per turn of ``rows`` (a run's per-step
+    metrics, as ``metrics.jsonl`` holds them, from ``source``), named ``base.name+label``."""
+    for i, row in enumerate(rows):
+        missing = [k for k in _KEYS if k not in row]
+        if missing:
+            raise ConfigError(f"{source}: step row {i} lacks {', '.join(missing)}")
     train = [float(r["time/train_s"]) for r in rows]
     tokens = [float(r["tokens/policy"]) for r in rows]
     turns = sum(float(r["episodes"]) * float(r["episode/turns_mean"]) for r in rows)
     if turns <= 0:
-        raise ConfigError(f"{path}: no trained turns to derive a profile from")
+        raise ConfigError(f"{source}: no trained turns to derive a profile from")
     if len(set(tokens)) > 1:
         slope, intercept = statistics.linear_regression(tokens, train)
         token_s, step_s = max(0.0, slope), max(0.0, intercept)
@@ -52,16 +65,16 @@ def profile_from_run(run_dir: str | Path, base: Profile) -> Profile:
     episode = dataclasses.replace(base.episode, tokens_per_turn={sum(tokens) / turns: 1.0})
     return dataclasses.replace(
         base,
-        name=f"{base.name}+{Path(run_dir).name}",
+        name=f"{base.name}+{label}",
         learner=learner,
         episode=episode,
         push_s=push_s,
         push_learner_s=min(push_s, statistics.median(held)),
         sources={
             **base.sources,
-            "learner": f"{path}: least squares of time/train_s on tokens/policy",
-            "push_s": f"{path}: mean time/push_s (time/sync_s before it was recorded)",
-            "push_learner_s": f"{path}: median time/sync_s (the time the push held the loop)",
-            "episode.tokens_per_turn": f"{path}: tokens/policy / (episodes x turns_mean)",
+            "learner": f"{source}: least squares of time/train_s on tokens/policy",
+            "push_s": f"{source}: mean time/push_s (time/sync_s before it was recorded)",
+            "push_learner_s": f"{source}: median time/sync_s (the time the push held the loop)",
+            "episode.tokens_per_turn": f"{source}: tokens/policy / (episodes x turns_mean)",
         },
     )

@@ -17,6 +17,7 @@ from areal_agents.simulation import (
     SimConfig,
     available_profiles,
     load_profile,
+    profile_from_rows,
     profile_from_run,
     simulate,
 )
@@ -165,6 +166,18 @@ def test_a_profile_from_a_runs_metrics(tmp_path: Path, capsys: pytest.CaptureFix
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     p = profile_from_run(tmp_path, base)
     assert (p.push_s, p.push_learner_s) == pytest.approx((5.0, 0.5))
+    # the same rows held in memory (a results file's per-step figures) give the same profile
+    q = profile_from_rows(rows, base, "results.json", tmp_path.name)
+    assert (q.learner, q.push_s, q.push_learner_s, q.episode) == (
+        p.learner,
+        p.push_s,
+        p.push_learner_s,
+        p.episode,
+    )
+    assert q.name == p.name and q.sources["learner"].startswith("results.json:")
+    with pytest.raises(ConfigError, match=r"results.json: step row 1 lacks tokens/policy"):
+        no_tokens = {k: v for k, v in rows[1].items() if k != "tokens/policy"}
+        profile_from_rows([rows[0], no_tokens], base, "results.json", "x")
 
 
 def test_sync_may_run_on_a_profile_of_its_own_placement() -> None:
