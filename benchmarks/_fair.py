@@ -27,7 +27,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["agreement", "length_buckets", "load_now", "task_rounds", "trained_lengths"]
+__all__ = [
+    "agreement",
+    "held_out_ids",
+    "length_buckets",
+    "load_now",
+    "task_rounds",
+    "trained_lengths",
+]
 
 
 def trained_lengths(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -58,6 +65,16 @@ def length_buckets(
             k = rounds_of(int(index))
             counts[k] = counts.get(k, 0) + group_size
     return {f"rounds={k}": counts[k] for k in sorted(counts)}
+
+
+def held_out_ids(env_name: str, tasks: int) -> frozenset[str]:
+    """The ids of the ``tasks`` held-out tasks a run of ``env_name`` never trains on (none: 0)."""
+    from areal_agents.config import load_config
+    from areal_agents.trainers.config import TrainConfig
+    from areal_agents.trainers.held_out import held_out_task_ids
+
+    cfg = load_config(TrainConfig, [f"env={env_name}", f"eval.held_out_tasks={tasks}"])
+    return held_out_task_ids(cfg) or frozenset()
 
 
 def task_rounds(

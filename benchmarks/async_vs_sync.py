@@ -52,7 +52,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, machine_info, write_json
-from _fair import agreement, length_buckets, load_now, task_rounds, trained_lengths
+from _fair import (
+    agreement,
+    held_out_ids,
+    length_buckets,
+    load_now,
+    task_rounds,
+    trained_lengths,
+)
 from _monitor import Monitor
 
 __all__ = ["compare", "main", "run_setting", "summarize"]
@@ -211,14 +218,9 @@ def _held_out(summary_path: Path) -> dict[str, Any] | None:
 
 
 def _buckets(args: argparse.Namespace, out_dir: Path, seed: int) -> dict[str, int]:
-    from areal_agents.config import load_config
-    from areal_agents.trainers.config import TrainConfig
-    from areal_agents.trainers.held_out import held_out_task_ids
-
     rows = _rows(out_dir / "metrics.jsonl")
-    cfg = load_config(TrainConfig, [f"env={args.env}", f"eval.held_out_tasks={args.held_out}"])
     indices = [int(i) for r in rows for i in r.get("batch/task_indices", [])]
-    rounds = task_rounds(args.env, seed, indices, held_out_task_ids(cfg) or frozenset())
+    rounds = task_rounds(args.env, seed, indices, held_out_ids(args.env, args.held_out))
     return length_buckets(rows, rounds.__getitem__, args.group_size)
 
 
@@ -238,6 +240,7 @@ def summarize(metrics_path: Path, monitor: Monitor | None = None) -> dict[str, A
     episodes, tokens = lengths["episodes"], lengths["policy_tokens"]
     tail = rows[-max(1, len(rows) // 3) :]
     stale = sum(float(r["staleness/mean"]) * int(r["episodes"]) for r in rows) / max(episodes, 1)
+    wait_s = sum(float(r["time/wait_s"]) for r in rows)
     out: dict[str, Any] = {
         "steps": len(rows),
         "episodes": episodes,
@@ -249,11 +252,11 @@ def summarize(metrics_path: Path, monitor: Monitor | None = None) -> dict[str, A
         "staleness_max": max(int(r["staleness/max"]) for r in rows),
         "reward_first": round(float(rows[0]["reward/mean"]), 4),
         "reward_final": round(statistics.fmean(float(r["reward/mean"]) for r in tail), 4),
-        "learner_wait_frac": round(sum(float(r["time/wait_s"]) for r in rows) / elapsed, 3),
+        "learner_wait_frac": round(wait_s / elapsed, 3),
         "train_s": round(sum(float(r["time/train_s"]) for r in rows), 1),
         "sync_s": round(sum(float(r["time/sync_s"]) for r in rows), 1),  # the loop held
         "push_s": round(sum(float(r.get("time/push_s", 0.0)) for r in rows), 1),  # to served
-        "wait_s": round(sum(float(r["time/wait_s"]) for r in rows), 1),
+        "wait_s": round(wait_s, 1),
         "forward_tokens": int(sum(float(r.get("learner/forward_tokens", 0)) for r in rows)),
         "turns_mean": lengths["turns_mean"],  # of the trained episodes, episode-weighted
         "policy_tokens_mean": lengths["policy_tokens_mean"],

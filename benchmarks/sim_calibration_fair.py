@@ -26,15 +26,22 @@ import dataclasses
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _fair import task_rounds
+from _fair import held_out_ids, task_rounds
 from sim_calibration import RESULTS, TOLERANCE, print_rows, with_errors
 
-from areal_agents.simulation import EpisodeShape, Profile, SimConfig, load_profile, simulate
+from areal_agents.simulation import (
+    EpisodeShape,
+    Profile,
+    ShapeFn,
+    SimConfig,
+    load_profile,
+    profile_from_rows,
+    simulate,
+)
 from areal_agents.trainers.data import TaskRef
 
 __all__ = ["calibrate_fair", "run_shape"]
@@ -43,16 +50,7 @@ FAIR = RESULTS / "async_vs_sync_fair_placed.json"
 PROFILES = {"sync": "cpu_2core_vllm_colocated", "async": "cpu_2core_vllm_split"}
 
 
-def _held_out_ids(env: str, tasks: int) -> frozenset[str]:
-    from areal_agents.config import load_config
-    from areal_agents.trainers.config import TrainConfig
-    from areal_agents.trainers.held_out import held_out_task_ids
-
-    cfg = load_config(TrainConfig, [f"env={env}", f"eval.held_out_tasks={tasks}"])
-    return held_out_task_ids(cfg) or frozenset()
-
-
-def run_shape(run: dict[str, Any], args: dict[str, Any], rounds: dict[int, int]) -> Any:
+def run_shape(run: dict[str, Any], rounds: dict[int, int]) -> ShapeFn:
     """Task ``i`` of the run as the simulator's episode: ``rounds[i]`` questions, at the run's
     measured turns per question and tokens per turn."""
     trained = [rounds[i] for step in run["per_step"] for i in step["batch/task_indices"]]
@@ -68,13 +66,8 @@ def run_shape(run: dict[str, Any], args: dict[str, Any], rounds: dict[int, int])
 
 def _profile_of(run: dict[str, Any], base: Profile) -> Profile:
     """``base`` with the learner and push of ``run`` (its per-step figures)."""
-    from areal_agents.simulation import profile_from_run
-
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = "".join(json.dumps(step) + "\n" for step in run["per_step"])
-        (Path(tmp) / "metrics.jsonl").write_text(rows)
-        fitted = profile_from_run(tmp, base)
-    # profile_from_run also takes the run's tokens per turn: the replay sets the episodes
+    fitted = profile_from_rows(run["per_step"], base, f"run {run['setting']}", run["setting"])
+    # profile_from_rows also takes the run's tokens per turn: the replay sets the episodes
     return dataclasses.replace(fitted, episode=base.episode, name=base.name)
 
 
@@ -89,14 +82,19 @@ def calibrate_fair(path: Path = FAIR) -> list[dict[str, Any]]:
         first = min((r for r in runs if _mode(r) == mode), key=lambda r: int(r["seed"]))
         fitted_on[mode] = first["setting"]
         base[mode] = _profile_of(first, base[mode])
-    held = _held_out_ids(args["env"], int(args["held_out"]))
+    held = held_out_ids(args["env"], int(args["held_out"]))
+    # the tasks a run trains, and room for the groups the simulator admits past them (its
+    # buffer has no total: it starts groups that the run's end leaves untrained)
+    indices = list(range(int(args["steps"]) * int(args["groups_per_step"]) + 64))
+    rounds_of = {
+        seed: task_rounds(args["env"], seed, indices, held)
+        for seed in sorted({int(r["seed"]) for r in runs})
+    }
     rows = []
     for run in runs:
         mode, seed = _mode(run), int(run["seed"])
-        n = int(args["steps"]) * int(args["groups_per_step"])
-        rounds = task_rounds(args["env"], seed, list(range(n + 64)), held)
         cfg = SimConfig(
-            mode=mode,  # type: ignore[arg-type]
+            mode=mode,
             max_staleness=int(run["staleness_bound"]),
             groups_per_step=int(args["groups_per_step"]),
             group_size=int(args["group_size"]),
@@ -104,7 +102,7 @@ def calibrate_fair(path: Path = FAIR) -> list[dict[str, Any]]:
             concurrent_groups=int(args["concurrent_groups"]),
             seed=seed,
         )
-        sim = simulate(base[mode], cfg, run_shape(run, args, rounds))
+        sim = simulate(base[mode], cfg, run_shape(run, rounds_of[seed]))
         rows.append(
             {
                 "run": f"F {run['setting']}",
@@ -127,7 +125,7 @@ def calibrate_fair(path: Path = FAIR) -> list[dict[str, Any]]:
     return with_errors(rows, ("elapsed_s", "samples_per_s", "tokens_per_s"))
 
 
-def _mode(run: dict[str, Any]) -> str:
+def _mode(run: dict[str, Any]) -> Literal["sync", "async"]:
     return "sync" if int(run["staleness_bound"]) == 0 else "async"
 
 
