@@ -22,7 +22,7 @@ import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import openai
 
@@ -133,7 +133,7 @@ class EndpointClient:
                         return await fn(client)
             except (TimeoutError, openai.APITimeoutError) as e:
                 self.stats["timeout"] += 1
-                last = e if isinstance(e, openai.APITimeoutError) else self._timeout()
+                last = e if isinstance(e, openai.APITimeoutError) else self._deadline_error()
             except openai.APIConnectionError as e:
                 self.stats["connection"] += 1
                 last = e
@@ -161,12 +161,10 @@ class EndpointClient:
             f"attempts: {type(last).__name__}: {last}"
         ) from last
 
-    def _timeout(self) -> openai.APITimeoutError:
-        """The error of an attempt cut off by the deadline (the same type as httpx's timeouts)."""
-        error = openai.APITimeoutError(request=cast(Any, None))  # no request object at hand
-        error.message = f"no complete reply within {self.settings.timeout} s"
-        error.args = (error.message,)
-        return error
+    def _deadline_error(self) -> TimeoutError:
+        """The error of an attempt cut off by our deadline (not the SDK's ``APITimeoutError``:
+        its constructor reads a request object, which a deadline has none of)."""
+        return TimeoutError(f"no complete reply within {self.settings.timeout} s")
 
 
 async def read_body(response: Any, limit: int) -> bytes:
