@@ -178,6 +178,10 @@ def test_a_profile_from_a_runs_metrics(tmp_path: Path, capsys: pytest.CaptureFix
     with pytest.raises(ConfigError, match=r"results.json: step row 1 lacks tokens/policy"):
         no_tokens = {k: v for k, v in rows[1].items() if k != "tokens/policy"}
         profile_from_rows([rows[0], no_tokens], base, "results.json", "x")
+    # a run's file is checked by the same rule, and named
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps(no_tokens))
+    with pytest.raises(ConfigError, match=r"metrics.jsonl: step row 1 lacks tokens/policy"):
+        profile_from_run(tmp_path, base)
 
 
 def test_sync_may_run_on_a_profile_of_its_own_placement() -> None:
