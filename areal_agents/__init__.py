@@ -1,11 +1,19 @@
 """areal_agents: asynchronous reinforcement learning for LLM agents.
 
-Importing the package (or its contracts, ``areal_agents.types`` and ``areal_agents.errors``)
-is cheap and has no side effects: it loads neither Gymnasium nor any environment. The built-in
-environments are registered with Gymnasium where environments are made: by
-``import areal_agents.envs``, by :func:`make_env` (also reachable as ``areal_agents.make_env``)
-and by the command lines. ``gym.make("areal_agents.envs:areal_agents/Calculator-v0")`` imports
-and registers them through Gymnasium's ``module:id`` form.
+Importing the package registers the built-in environments with Gymnasium, as ``ale_py`` and
+``minigrid`` do::
+
+    import gymnasium as gym
+    import areal_agents
+
+    env = gym.make("areal_agents/CodeSandbox-v0")
+
+Registering loads Gymnasium (and NumPy) and the list of built-in environments
+(``areal_agents.envs.registry``), not the environments themselves: their entry points are
+strings, imported by ``gym.make``. Nothing heavy is imported (no torch, Ray, vLLM or
+transformers; ``tests/test_imports.py`` pins the list), and the rest of the package is loaded on
+use: :func:`make_env`, :func:`register_builtin_envs` and :func:`resolve_env_id` are attributes
+of the package; the command lines, trainers and servers are modules to import.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# the list of built-in environments (no environment module: entry points are strings)
+from areal_agents.envs.registry import register_builtin_envs as _register_builtin_envs
 from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
 from areal_agents.types import Message, ToolCall, ToolSpec, Trajectory, Turn
 
@@ -39,8 +49,11 @@ __all__ = [
 _LAZY = {"make_env", "register_builtin_envs", "resolve_env_id"}
 
 
+_register_builtin_envs()
+
+
 def __getattr__(name: str) -> Any:
-    # Environment helpers load Gymnasium and the environments (which registers them): on use.
+    # the registry's helpers (already loaded, with Gymnasium), by the package's name
     if name in _LAZY:
         return getattr(importlib.import_module("areal_agents.envs.registry"), name)
     raise AttributeError(f"module 'areal_agents' has no attribute {name!r}")

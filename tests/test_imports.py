@@ -1,4 +1,5 @@
-"""Importing the contracts stays light; the built-in environments register where envs are made."""
+"""``import areal_agents`` registers the built-in environments and stays light: what it loads is
+pinned here."""
 
 from __future__ import annotations
 
@@ -18,29 +19,63 @@ def python(code: str) -> str:
     return done.stdout.strip()
 
 
-def test_contracts_import_neither_gymnasium_nor_environments() -> None:
-    out = python(
-        "import sys, areal_agents, areal_agents.types, areal_agents.errors, areal_agents.config\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gymnasium', 'torch')))\n"
-        "print(sorted(m for m in sys.modules if m.startswith('areal_agents.envs')))"
-    )
-    assert out.splitlines() == ["[]", "[]"]
+#: What ``import areal_agents`` may load besides the standard library: the package's contracts,
+#: the list of built-in environments, and Gymnasium (with NumPy) to register them in.
+PACKAGE_MODULES = {
+    "areal_agents",
+    "areal_agents.envs",
+    "areal_agents.envs.registry",
+    "areal_agents.errors",
+    "areal_agents.types",
+}
+THIRD_PARTY = {"gymnasium", "numpy", "farama_notifications", "typing_extensions", "cython_runtime"}
 
 
-def test_builtin_ids_register_where_environments_are_made() -> None:
+def test_importing_the_package_loads_the_contracts_and_the_registry_only() -> None:
+    out = python(
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import areal_agents, areal_agents.types, areal_agents.errors\n"
+        "print(sorted(m for m in sys.modules if m.startswith('areal_agents')))\n"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before if not m.startswith('_')}\n"
+        "print(sorted(new - set(sys.stdlib_module_names)))"
+    )
+    ours, others = (eval(line) for line in out.splitlines())  # two printed lists
+    assert set(ours) == PACKAGE_MODULES  # no environment, no config, no command line
+    assert set(others) <= THIRD_PARTY | {"areal_agents"}, others  # no torch, ray, vllm, hydra...
+    assert "gymnasium" in others
+
+
+def test_import_areal_agents_registers_the_builtin_ids() -> None:
     out = python(
         "import gymnasium as gym, areal_agents\n"
-        "print('areal_agents/Calculator-v0' in gym.registry)\n"
-        "env = gym.make('areal_agents.envs:areal_agents/Calculator-v0')\n"  # Gymnasium's module:id
-        "print(type(env.unwrapped).__name__, 'areal_agents/Search-v0' in gym.registry)"
+        "print(all(e.id in gym.registry for e in areal_agents.envs.BUILTIN_ENVS))\n"
+        "print(gym.spec('areal_agents/CodeSandbox-v0').entry_point)\n"
+        "env = gym.make('areal_agents/Calculator-v0')\n"
+        "print(type(env.unwrapped).__name__)"
     )
-    assert out.splitlines() == ["False", "CalculatorEnv True"]
+    assert out.splitlines() == [
+        "True",
+        "areal_agents.envs.code_sandbox:CodeSandboxEnv",
+        "CalculatorEnv",
+    ]
+    out = python(  # Gymnasium's module:id form, and the package's lazy helper
+        "import gymnasium as gym\n"
+        "env = gym.make('areal_agents.envs:areal_agents/Search-v0')\n"
+        "import areal_agents\n"
+        "areal_agents.make_env('calculator').close()\n"
+        "print(type(env.unwrapped).__name__, gym.make('areal_agents/MathPython-v0').spec.id)"
+    )
+    assert out == "SearchEnv areal_agents/MathPython-v0"
+
+
+def test_the_config_layer_loads_no_environment_and_no_torch() -> None:
     out = python(
-        "import gymnasium as gym, areal_agents\n"
-        "areal_agents.make_env('calculator').close()\n"  # the lazy package attribute
-        "print(gym.make('areal_agents/MathPython-v0').spec.id)"
+        "import sys, areal_agents.config\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'vllm')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('areal_agents.envs.')))"
     )
-    assert out == "areal_agents/MathPython-v0"
+    assert out.splitlines() == ["[]", "['areal_agents.envs.registry']"]
 
 
 def test_one_list_of_builtin_environments_feeds_aliases_and_trainer_presets() -> None:

@@ -3,10 +3,10 @@
 :data:`BUILTIN_ENVS` is the one list of built-in environments: short name, Gymnasium id, entry
 point and the turn budget of the trainer's ``env=NAME`` preset. They are registered with
 :func:`gymnasium.register` under the namespace ``areal_agents/`` by
-:func:`register_builtin_envs`, which runs when ``areal_agents.envs`` is imported and in
-:func:`make_env`; ``gym.make("areal_agents.envs:areal_agents/Calculator-v0")`` imports (and so
-registers) them too. Any environment a user registers with plain ``gym.register`` works
-wherever a built-in one does, because every name ends up in ``gym.make``.
+:func:`register_builtin_envs`, which runs when ``areal_agents`` is imported (this module
+imports Gymnasium and no environment: entry points are strings) and in :func:`make_env`. Any
+environment a user registers with plain ``gym.register`` works wherever a built-in one does,
+because every name ends up in ``gym.make``.
 :func:`resolve_env_id` turns a short name (``code_sandbox``) into its id, and passes anything
 else through untouched (including Gymnasium's ``module:Env-v0`` form, which imports the user's
 module first).
