@@ -25,9 +25,9 @@ LAYERS: list[list[str]] = [
     ["errors", "types", "net", "cpus"],  # contracts
     ["files", "config_values", "config", "cli"],
     ["sandboxes"],
+    ["policies"],  # OpenAI-compatible clients: contracts only below; rewards' LLM judge uses them
     ["tools", "rewards"],
     ["envs"],
-    ["policies"],
     ["serving"],
     ["rollout", "eval_viewer", "eval_config", "eval_summary", "preflight"],
     ["eval", "sandbox", "areal_agents"],

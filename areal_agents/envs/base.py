@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -54,6 +54,9 @@ from areal_agents.errors import ConfigError, InfrastructureError, ToolTimeout, d
 from areal_agents.tools.base import Tool, call_tool, validate_arguments
 from areal_agents.tools.parsing import ParseProblem, load_json, parse_tool_calls, strip_tool_calls
 from areal_agents.types import Message, ToolCall, Turn
+
+if TYPE_CHECKING:
+    from areal_agents.rewards.judge import EnvJudge
 
 __all__ = ["ERROR_KINDS", "MultiTurnEnv", "Score", "Task"]
 
@@ -120,6 +123,11 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
             its arguments go to :meth:`score` as the submission.
         system_prompt: replaces the environment's default system prompt when given.
         render_mode: ``"ansi"`` to get the conversation as text from ``render()``.
+        judge: a model that grades the final answer too, through any OpenAI-compatible
+            endpoint: ``{base_url, model, rubric, ...}`` (see
+            :class:`~areal_agents.rewards.judge.EnvJudge`). The reward is then
+            ``program_weight * score + weight * verdict``; a judge that gives no verdict
+            raises :class:`~areal_agents.rewards.judge.JudgeError` (the episode is dropped).
 
     Every argument is checked here (type and range, unknown keys with a did-you-mean), so a
     wrong configuration fails before the first episode.
@@ -138,6 +146,7 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         final_tool: str | None = None,
         system_prompt: str | None = None,
         render_mode: str | None = None,
+        judge: Any = None,
         **unknown: Any,
     ) -> None:
         names = parameter_names(type(self).__init__, MultiTurnEnv.__init__)
@@ -157,6 +166,11 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         self.final_tool = check_optional_str("final_tool", final_tool)
         self.system_prompt = check_optional_str("system_prompt", system_prompt)
         self.render_mode = render_mode
+        self.judge: EnvJudge | None = None
+        if judge is not None:  # imported on demand: it loads an HTTP client
+            from areal_agents.rewards.judge import EnvJudge
+
+            self.judge = EnvJudge.from_config(judge)
         self.messages: list[Message] = []
         self.task: Task | None = None
         self._tools: dict[str, Tool] = {}
@@ -297,6 +311,16 @@ class MultiTurnEnv(gym.Env[list[dict[str, Any]], Any]):
         if final is not None or (not calls and not problems and not unusable):
             submission = strip_tool_calls(turn.text) if final is None else final.arguments
             score = self.score(self.task, submission, turn)
+            if self.judge is not None:
+                score = Score(
+                    *self.judge.rescore(
+                        score.reward,
+                        score.details,
+                        submission,
+                        question=self.task.prompt,
+                        reference=self.task.answer,
+                    )
+                )
             self._done = True
             info = self._info(outcome="answered", reward_details=dict(score.details))
             return [], float(score.reward), True, False, info

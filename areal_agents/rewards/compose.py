@@ -17,7 +17,7 @@ from typing import Any
 
 from areal_agents.rewards.base import Reward, RewardResult
 
-__all__ = ["FormatGate", "WeightedSum"]
+__all__ = ["FormatGate", "WeightedSum", "combine"]
 
 
 def _name(reward: Reward, index: int) -> str:
@@ -38,17 +38,14 @@ class WeightedSum(Reward):
         self.timeout_s = max(r.timeout_s for r, _ in self.components)
 
     def _combine(self, results: Sequence[RewardResult]) -> RewardResult:
-        total = sum(w * r.reward for (_, w), r in zip(self.components, results, strict=True))
-        status = results[0].status
-        for r in results:
-            if r.status in ("timeout", "error"):
-                status = r.status
-                break
-        parts = {
-            _name(reward, i): result.to_details()
-            for i, ((reward, _), result) in enumerate(zip(self.components, results, strict=True))
-        }
-        return RewardResult(round(total, 10), status, {"components": parts})
+        return combine(
+            [
+                (_name(reward, i), result, weight)
+                for i, ((reward, weight), result) in enumerate(
+                    zip(self.components, results, strict=True)
+                )
+            ]
+        )
 
     def __call__(self, response: str, reference: Any) -> RewardResult:
         return self._combine([r(response, reference) for r, _ in self.components])
@@ -56,6 +53,27 @@ class WeightedSum(Reward):
     async def acall(self, response: str, reference: Any) -> RewardResult:
         results = await asyncio.gather(*(r.acall(response, reference) for r, _ in self.components))
         return self._combine(results)
+
+
+def combine(parts: Sequence[tuple[str, RewardResult, float]]) -> RewardResult:
+    """``(name, result, weight)`` results already computed, summed as :class:`WeightedSum` sums
+    its components (its status rule, each part's result under ``details["components"][name]``).
+    An environment that adds a reward to its own score uses it (``MultiTurnEnv(judge=...)``).
+
+    >>> combine([("program", RewardResult(1.0, "correct"), 1.0),
+    ...          ("judge", RewardResult(0.5, "partial"), 2.0)]).reward
+    2.0
+    """
+    if not parts:
+        raise ValueError("combine needs at least one (name, result, weight)")
+    total = sum(weight * result.reward for _, result, weight in parts)
+    status = parts[0][1].status
+    for _, result, _ in parts:
+        if result.status in ("timeout", "error"):
+            status = result.status
+            break
+    components = {name: result.to_details() for name, result, _ in parts}
+    return RewardResult(round(total, 10), status, {"components": components})
 
 
 class FormatGate(Reward):
