@@ -74,6 +74,7 @@ __all__ = ["EnvJudge", "JudgeContext", "JudgeError", "LLMJudge", "shared_judge"]
 
 T = TypeVar("T")
 _REASONING_CHARS = 1000  # of the judge's reasoning kept in the details
+_COUNTS = ("judged", "cache_hits", "coalesced", "failed")  # always in LLMJudge.stats
 
 
 class JudgeError(EndpointError):
@@ -255,7 +256,7 @@ class LLMJudge(Reward):
             raise ConfigError(f"judge: {e}") from None
         self.endpoint = EndpointClient(settings)
         self.timeout_s = settings.timeout
-        self._stats: Counter[str] = Counter()
+        self._stats: Counter[str] = Counter(dict.fromkeys(_COUNTS, 0))
         self._cache: OrderedDict[str, RewardResult] = OrderedDict()
         self._pending: dict[str, asyncio.Future[RewardResult]] = {}
         _JUDGES.add(self)
