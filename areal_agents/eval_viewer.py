@@ -4,14 +4,20 @@ One self-contained HTML file (no network, no server): the transcripts and the su
 embedded as JSON, and a small script renders each episode (conversation, tool calls and
 results, reward) with filters by outcome, reward range and task id. Filters can be preset in
 the URL fragment, e.g. ``index.html#outcome=pass`` or ``#min=0.5&task=calc``.
+
+Transcripts hold whatever a model, a tool or a test printed: any text is embedded escaped (a
+lone surrogate as a JSON ``\\uXXXX`` escape, ``</script>`` as ``<\\/script>``, a NaN reward as
+``"nan"``), so writing the page never fails on it and nothing in it can end the script early.
 """
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from areal_agents.files import json_text
 
 __all__ = ["VIEWER_TEMPLATE", "render_viewer", "write_viewer"]
 
@@ -40,17 +46,30 @@ def render_viewer(
     >>> "</script><script>" in page, '"episodes": []' in page
     (False, True)
     """
-    data = json.dumps({"episodes": list(records), "summary": dict(summary)}, ensure_ascii=False)
+    embedded = _finite({"episodes": list(records), "summary": dict(summary)})
+    data = json_text(embedded, default=repr, allow_nan=False)
     # Inside <script>, "</" could close the element early: escape it (JSON allows "<\/").
     data = data.replace("</", "<\\/").replace("<!--", "<\\u0021--")
-    page = VIEWER_TEMPLATE.read_text().replace(_SLOT, data)
+    page = VIEWER_TEMPLATE.read_text(encoding="utf-8").replace(_SLOT, data)
     return page.replace(_HEAD, head, 1).replace(_BODY, body, 1)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with non-finite floats as the strings ``"nan"``, ``"inf"``, ``"-inf"``: the
+    page reads its data with ``JSON.parse``, which knows no ``NaN``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_viewer(
     path: str | Path, records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
 ) -> Path:
-    """Write the viewer page to ``path``."""
+    """Write the viewer page to ``path`` (UTF-8, whatever the text in ``records``)."""
     path = Path(path)
-    path.write_text(render_viewer(records, summary))
+    path.write_text(render_viewer(records, summary), encoding="utf-8", errors="backslashreplace")
     return path

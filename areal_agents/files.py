@@ -22,6 +22,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,12 +35,36 @@ __all__ = [
     "atomic_directory",
     "atomic_write",
     "fsync_directory",
+    "json_text",
     "read_json",
     "read_jsonl",
     "write_json",
 ]
 
 PathLike = str | os.PathLike[str]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_text(value: Any, **kwargs: Any) -> str:
+    r"""``json.dumps(value, ensure_ascii=False, **kwargs)`` whose text always encodes as UTF-8.
+
+    A Python string may hold lone surrogates (``"\ud800"``: ``json.loads`` of an escaped one, a
+    ``surrogateescape`` decode, a program's output); UTF-8 cannot encode them, so writing such
+    text fails. Here each one becomes the JSON escape ``\uXXXX``, which reads back as the same
+    string: any text is escaped, never fatal.
+
+    >>> json_text({"a": "\ud800 é"})
+    '{"a": "\\ud800 é"}'
+    >>> json.loads(json_text(["\udfff"])) == ["\udfff"]
+    True
+    """
+    text = json.dumps(value, ensure_ascii=False, **kwargs)
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a surrogate only ever stands inside a JSON string: escape it
+        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text
 
 
 def fsync_directory(path: PathLike) -> None:
@@ -54,14 +79,16 @@ def fsync_directory(path: PathLike) -> None:
 def atomic_write(path: PathLike, data: str | bytes, *, mode: int = 0o644) -> None:
     """Replace the file ``path`` with ``data`` atomically and durably (parents are created).
 
-    ``mode`` is the new file's permission bits (a temporary file starts private).
+    ``mode`` is the new file's permission bits (a temporary file starts private). Text is
+    written as UTF-8; a code point UTF-8 cannot encode (a lone surrogate) is written as its
+    backslash escape instead of failing the write.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            f.write(data.encode(errors="backslashreplace") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
