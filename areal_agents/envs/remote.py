@@ -7,8 +7,13 @@ takes an environment takes a remote one. The command lines name it
 costs less per step); :func:`register_remote` turns such a name into a registered Gymnasium id.
 Connection options ride in the query string: ``remote:http://h:8100/calculator?timeout_s=60``.
 
-Keyword arguments other than ``connection`` are the environment's own (``max_turns=4``): the
-server passes them to ``gym.make`` if it allows them.
+Keyword arguments other than ``connection`` and ``api_key`` are the environment's own
+(``max_turns=4``): the server passes them to ``gym.make`` if it allows them.
+
+A server started with an API key wants it on every request: :class:`RemoteEnv` sends
+``Authorization: Bearer KEY`` with ``api_key``, else the environment variable
+``AREAL_ENV_API_KEY`` (never in the URL, which ends up in configs and logs). A refused key is a
+:class:`~areal_agents.errors.ConfigError`, not retried.
 
 Failures keep the package's three kinds apart:
 
@@ -42,8 +47,10 @@ import gymnasium as gym
 
 from areal_agents.envs.base import Task
 from areal_agents.envs.wire import (
+    API_KEY_ENV,
     decode_value,
     dumps,
+    resolve_api_key,
     space_from_dict,
     turn_to_dict,
 )
@@ -184,12 +191,13 @@ class _Http(_Transport):
     """HTTP/1.1 keep-alive on the standard library's client (a fraction of httpx's cost per
     request, which matters on a loopback step of well under a millisecond)."""
 
-    def __init__(self, url: str, options: ConnectionOptions) -> None:
+    def __init__(self, url: str, options: ConnectionOptions, headers: Mapping[str, str]) -> None:
         parts = urlsplit(url)
         self.https = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if self.https else 80)
         self.options = options
+        self.headers = {"Content-Type": "application/json", **headers}
         self.conn: http.client.HTTPConnection | None = None
 
     def call(self, op: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -203,7 +211,7 @@ class _Http(_Transport):
                     self.conn = kind(self.host, self.port, timeout=self.options.connect_timeout_s)
                     self.conn.connect()
                     self.conn.sock.settimeout(self.options.timeout_s)
-                self.conn.request("POST", f"/{op}", body=data, headers=_HEADERS)
+                self.conn.request("POST", f"/{op}", body=data, headers=self.headers)
                 sent = True
                 response = self.conn.getresponse()
                 raw = response.read()
@@ -232,11 +240,8 @@ class _Http(_Transport):
             self.conn = None
 
 
-_HEADERS = {"Content-Type": "application/json"}
-
-
 class _WebSocket(_Transport):
-    def __init__(self, url: str, options: ConnectionOptions) -> None:
+    def __init__(self, url: str, options: ConnectionOptions, headers: Mapping[str, str]) -> None:
         try:
             import websockets.sync.client  # noqa: F401
         except ImportError:
@@ -245,12 +250,13 @@ class _WebSocket(_Transport):
             raise DependencyError.missing("websockets", "train") from None
         self.url = f"{url}/ws"
         self.options = options
+        self.headers = dict(headers)
         self.ws: Any = None
         self.stack = contextlib.ExitStack()
         self.counter = 0
 
     def call(self, op: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        from websockets.exceptions import WebSocketException
+        from websockets.exceptions import InvalidStatus, WebSocketException
         from websockets.sync.client import connect
 
         sent = False
@@ -264,6 +270,7 @@ class _WebSocket(_Transport):
                         max_size=None,
                         compression=None,
                         proxy=None,
+                        additional_headers=self.headers,
                     )
                 )
             self.counter += 1
@@ -273,6 +280,12 @@ class _WebSocket(_Transport):
                 reply = json.loads(self.ws.recv(timeout=self.options.timeout_s))
                 if reply.get("id") == self.counter:
                     break
+        except InvalidStatus as e:  # the handshake was refused: say so as HTTP would
+            self.close()
+            status = e.response.status_code
+            if status in (401, 403):
+                return status, {"error": {"type": "Unauthorized", "message": str(e)}}
+            raise _TransportError(f"{type(e).__name__}: {e}") from None
         except (OSError, TimeoutError, WebSocketException) as e:
             self.close()  # reconnect on the next call
             timed_out = sent and isinstance(e, TimeoutError)  # sent, and no answer in time
@@ -301,6 +314,8 @@ class RemoteEnv(gym.Env[Any, Any]):
             whatever it serves.
         render_mode: passed to the server's ``gym.make``.
         connection: timeouts and retries (:class:`ConnectionOptions`).
+        api_key: the server's API key (default: the environment variable
+            ``AREAL_ENV_API_KEY``; none sent when neither is set).
         **env_kwargs: the environment's own keyword arguments.
 
     ``messages`` mirrors the conversation the remote environment recorded (for chat
@@ -314,6 +329,7 @@ class RemoteEnv(gym.Env[Any, Any]):
         *,
         render_mode: str | None = None,
         connection: ConnectionOptions | Mapping[str, Any] | None = None,
+        api_key: str | None = None,
         **env_kwargs: Any,
     ) -> None:
         base, path_id, from_query = parse_remote(url)
@@ -333,9 +349,13 @@ class RemoteEnv(gym.Env[Any, Any]):
         self.session_id: str | None = None
         self.messages: list[Message] = []
         self._chat = False
+        key = resolve_api_key(api_key)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         websocket = base.startswith(("ws://", "wss://"))
         self._transport: _Transport = (
-            _WebSocket(base, self.connection) if websocket else _Http(base, self.connection)
+            _WebSocket(base, self.connection, headers)
+            if websocket
+            else _Http(base, self.connection, headers)
         )
         try:
             described = self._call("spaces", {})
@@ -460,6 +480,11 @@ class RemoteEnv(gym.Env[Any, Any]):
 
     def _error(self, op: str, status: int, kind: str, message: str) -> Exception:
         where = f"{op} on {self.url}"
+        if status == 401 or kind == "Unauthorized":
+            return ConfigError(
+                f"{where}: the server wants its API key: set {API_KEY_ENV} (or pass api_key) "
+                f"to the key it was started with ({message})"
+            )
         if kind == "UnknownSession":
             return SessionLostError(f"{where}: the server lost the session: {message}")
         if status >= 500 and kind != "EnvironmentError":  # the sandbox failed, or the server
@@ -468,7 +493,7 @@ class RemoteEnv(gym.Env[Any, Any]):
             return gym.error.ResetNeeded(message)
         if kind == "UnknownEnvironment" or kind == "UnknownEnvironmentError":
             return UnknownEnvironmentError(f"{where}: {message}")
-        if status == 422 or kind == "KwargNotAllowed":
+        if status == 422 or kind in ("KwargNotAllowed", "TaskNotAllowed"):
             return ConfigError(f"{where}: {message}")
         if kind == "TypeError":
             return TypeError(message)

@@ -6,8 +6,8 @@ keyword arguments of every ``gym.make`` (values parsed as YAML: ``max_turns=4``)
 only the keys ``--client-kwargs`` allows. The server binds 127.0.0.1 unless told otherwise and
 prints its URL when it is ready::
 
-    python -m areal_agents.envs.serve env=calculator --port 8100
-    python -m areal_agents.train env=remote:http://127.0.0.1:8100/calculator ...
+    AREAL_ENV_API_KEY=... python -m areal_agents.envs.serve env=calculator --port 8100
+    AREAL_ENV_API_KEY=... python -m areal_agents.train env=remote:http://127.0.0.1:8100/calculator
 
 Routes (JSON bodies; errors are ``{"error": {"type", "message"}}`` with a 4xx/5xx status):
 
@@ -24,6 +24,34 @@ Routes (JSON bodies; errors are ``{"error": {"type", "message"}}`` with a 4xx/5x
                    ``{"id": N, "status": 200, "result": ...}`` (or ``"error"``), in any order
 =================  =============================================================================
 
+What the server trusts, and why
+-------------------------------
+The environments it serves run tools and graders on this host, so a client is trusted with
+nothing that runs here:
+
+* **No code from clients.** A client's task (``reset(options={"task": {...}})``) may say what
+  the model is asked and what the answer is, but a task that carries code the graders execute
+  (unit ``tests``, their ``preamble``, a dataset scorer's ``entry``:
+  :data:`~areal_agents.envs.sessions.CODE_TASK_KEYS`) is refused with ``403 TaskNotAllowed``
+  unless the server was started with ``--trust-client-tasks`` (every client is then as trusted
+  as the server's own user). Clients set only the ``gym.make`` arguments ``--client-kwargs``
+  allows (by default none that reach files or weaken a sandbox).
+* **Only key holders.** With ``--api-key`` or ``AREAL_ENV_API_KEY`` (preferred: a command line
+  is readable by every local user), every route and the WebSocket need
+  ``Authorization: Bearer KEY``; ``/health`` answers its status only. Without a key, anyone who
+  can reach the port is a client: keep the default 127.0.0.1 bind on a shared machine only with
+  a key.
+* **Bounded resources.** Bodies and WebSocket messages are limited while they arrive
+  (``--max-request-mb``); a request head or body that trickles is cut off after
+  ``--request-timeout-s``; idle keep-alive connections close after ``--keep-alive-s``
+  (:mod:`areal_agents.envs.server_guard`). Sessions are bounded (``--max-sessions``): when they
+  are all open, the longest-idle one unused for ``--evict-idle-s`` is closed to make room, so
+  that idle sessions cannot lock other clients out. A WebSocket has at most
+  :data:`WS_MAX_PENDING` requests running; it reads its next message when one finishes.
+* **Errors are answers.** Malformed, deeply nested or oversized JSON, huge integers and unknown
+  fields are 4xx answers; a request id reused for a different request is ``409``; a reply holding
+  any text (lone surrogates too) is sent escaped (:func:`~areal_agents.envs.wire.dumps`).
+
 On SIGTERM or SIGINT the server drains: new requests get ``503 ServerDraining`` while the
 environment calls under way finish and are answered (up to ``--drain-timeout-s``), then every
 session is closed and the process exits. A second signal stops at once.
@@ -32,170 +60,26 @@ session is closed and the process exits. A second signal stops at once.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import json
 import logging
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Sequence
 from types import FrameType, TracebackType
 from typing import Any, Self
 
 import uvicorn
 import yaml
-from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import Response
-from starlette.websockets import WebSocketDisconnect
 
-from areal_agents.envs.request_errors import RequestError
+from areal_agents.envs.server_app import WS_MAX_PENDING, Pending, create_app
+from areal_agents.envs.server_guard import timed_h11
 from areal_agents.envs.sessions import DEFAULT_CLIENT_KWARGS, SessionManager
-from areal_agents.envs.wire import dumps
+from areal_agents.envs.wire import API_KEY_ENV, resolve_api_key
 from areal_agents.errors import ConfigError
 
-__all__ = ["EnvServer", "create_app", "main"]
+__all__ = ["WS_MAX_PENDING", "EnvServer", "create_app", "main"]
 
 logger = logging.getLogger(__name__)
-
-_OPS = ("spaces", "reset", "step", "render", "close")
-_JSON = "application/json"
-
-
-class _Pending:
-    """Requests received and not yet answered (what a drain waits for)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        self.count += 1
-        try:
-            yield
-        finally:
-            self.count -= 1
-
-
-def _error(e: RequestError) -> Response:
-    headers = {"Retry-After": "1"} if e.status == 503 else None
-    return Response(dumps(e.to_dict()), status_code=e.status, media_type=_JSON, headers=headers)
-
-
-def _parse(raw: bytes | str, max_bytes: int) -> dict[str, Any]:
-    if len(raw) > max_bytes:
-        raise RequestError(413, "TooLarge", f"request of {len(raw)} bytes (limit {max_bytes})")
-    try:
-        body = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(400, "BadRequest", f"the body is not JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise RequestError(400, "BadRequest", "the body must be a JSON object")
-    return body
-
-
-def create_app(
-    manager: SessionManager, *, max_request_bytes: int = 64 << 20, pending: _Pending | None = None
-) -> FastAPI:
-    """The FastAPI application serving ``manager``'s environment (see the module docstring)."""
-    pending = pending or _Pending()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        reaper = asyncio.create_task(manager.run_reaper())
-        try:
-            yield
-        finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
-            await manager.close_all()
-
-    app = FastAPI(
-        title="areal_agents environment server",
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-        lifespan=lifespan,
-    )
-    app.state.manager = manager
-    app.state.pending = pending
-    ops: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
-        op: getattr(manager, op) for op in _OPS
-    }
-
-    @app.get("/health")
-    async def health() -> Response:
-        body = manager.health()
-        return Response(dumps(body), status_code=503 if manager.draining else 200, media_type=_JSON)
-
-    def route(op: str) -> Callable[[Request], Awaitable[Response]]:
-        async def handle(request: Request) -> Response:
-            with pending.hold():
-                try:
-                    result = await ops[op](_parse(await request.body(), max_request_bytes))
-                    return Response(dumps(result), media_type=_JSON)
-                except RequestError as e:
-                    return _error(e)
-                except Exception:  # a bug here fails this request only
-                    logger.exception("%s failed", op)
-                    return _error(RequestError(500, "ServerError", f"{op} failed on the server"))
-
-        return handle
-
-    for op in _OPS:
-        app.add_api_route(f"/{op}", route(op), methods=["POST"], name=op)
-
-    @app.websocket("/ws")
-    async def websocket(ws: WebSocket) -> None:
-        await ws.accept()
-        send = asyncio.Lock()
-        running: set[asyncio.Task[None]] = set()
-
-        async def answer(message: dict[str, Any]) -> None:
-            reply: dict[str, Any] = {"id": message.get("id")}
-            try:
-                op = message.pop("op", None)
-                if op not in ops:
-                    raise RequestError(400, "BadRequest", f"'op' must be one of {list(_OPS)}")
-                reply.update(status=200, result=await ops[op](message))
-            except RequestError as e:
-                reply.update(status=e.status, **e.to_dict())
-            except Exception:
-                logger.exception("websocket request failed")
-                reply.update(status=500, error={"type": "ServerError", "message": "failed"})
-            async with send:
-                with contextlib.suppress(Exception):  # the client went away: nothing to tell
-                    await ws.send_text(dumps(reply).decode())
-
-        async def serve_one(message: dict[str, Any]) -> None:
-            with pending.hold():
-                await answer(message)
-
-        try:
-            while True:
-                frame = await ws.receive()
-                if frame["type"] == "websocket.disconnect":
-                    break
-                raw = frame.get("text") or frame.get("bytes") or b""
-                try:
-                    message = _parse(raw, max_request_bytes)
-                except RequestError as e:
-                    async with send:
-                        await ws.send_text(
-                            dumps({"id": None, "status": e.status, **e.to_dict()}).decode()
-                        )
-                    continue
-                task = asyncio.create_task(serve_one(message))
-                running.add(task)
-                task.add_done_callback(running.discard)
-        except WebSocketDisconnect:
-            pass
-        # calls under way finish (their results stay available to a retry by request id)
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
-
-    return app
 
 
 class _Server(uvicorn.Server):
@@ -205,7 +89,7 @@ class _Server(uvicorn.Server):
         self,
         config: uvicorn.Config,
         manager: SessionManager,
-        pending: _Pending,
+        pending: Pending,
         drain_timeout_s: float,
         announce: bool,
     ) -> None:
@@ -261,20 +145,35 @@ def _build(
     *,
     drain_timeout_s: float,
     max_request_bytes: int,
+    request_timeout_s: float,
+    keep_alive_s: float,
+    api_key: str | None,
     log_level: str,
     announce: bool,
 ) -> _Server:
-    pending = _Pending()
-    app = create_app(manager, max_request_bytes=max_request_bytes, pending=pending)
+    if request_timeout_s <= 0 or keep_alive_s <= 0 or max_request_bytes < 1:
+        raise ConfigError(
+            f"request_timeout_s={request_timeout_s}, keep_alive_s={keep_alive_s} and "
+            f"max_request_bytes={max_request_bytes} must be positive"
+        )
+    pending = Pending()
+    app = create_app(
+        manager,
+        max_request_bytes=max_request_bytes,
+        request_timeout_s=request_timeout_s,
+        api_key=api_key,
+        pending=pending,
+    )
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
         access_log=False,
-        ws_max_size=max_request_bytes,
+        http=timed_h11(request_timeout_s),  # request heads have a deadline
+        ws_max_size=max_request_bytes,  # checked while a message arrives
         timeout_graceful_shutdown=5,
-        timeout_keep_alive=int(max(5, manager.idle_timeout_s)),  # clients keep a connection
+        timeout_keep_alive=max(1, round(keep_alive_s)),
         lifespan="on",
     )
     return _Server(config, manager, pending, drain_timeout_s, announce)
@@ -287,7 +186,10 @@ class EnvServer:
     ...     env = RemoteEnv(server.url, "calculator")
 
     ``url`` is ``http://127.0.0.1:PORT`` once :meth:`start` returns (``port=0``: a free one).
-    Keyword arguments go to :class:`~areal_agents.envs.sessions.SessionManager`.
+    ``api_key`` (None: :data:`~areal_agents.envs.server_guard.API_KEY_ENV`, if set),
+    ``max_request_bytes``, ``request_timeout_s`` and ``keep_alive_s`` are the command line's
+    guards; other keyword arguments go to :class:`~areal_agents.envs.sessions.SessionManager`
+    (``trust_client_tasks``, ``evict_idle_s``, ...).
     """
 
     def __init__(
@@ -298,6 +200,9 @@ class EnvServer:
         port: int = 0,
         drain_timeout_s: float = 30.0,
         max_request_bytes: int = 64 << 20,
+        request_timeout_s: float = 30.0,
+        keep_alive_s: float = 60.0,
+        api_key: str | None = None,
         **manager_kwargs: Any,
     ) -> None:
         self.manager = SessionManager(env, **manager_kwargs)
@@ -307,6 +212,9 @@ class EnvServer:
             port,
             drain_timeout_s=drain_timeout_s,
             max_request_bytes=max_request_bytes,
+            request_timeout_s=request_timeout_s,
+            keep_alive_s=keep_alive_s,
+            api_key=resolve_api_key(api_key),
             log_level="warning",
             announce=False,
         )
@@ -390,6 +298,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="comma-separated keyword arguments clients may set ('*': any; '': none)",
     )
     parser.add_argument("--max-request-mb", type=float, default=64.0, help="largest body (64)")
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=30.0,
+        help="a request's head, then its body, must arrive within this (30)",
+    )
+    parser.add_argument(
+        "--keep-alive-s", type=float, default=60.0, help="close idle connections after (60)"
+    )
+    parser.add_argument(
+        "--evict-idle-s",
+        type=float,
+        default=30.0,
+        help="when every session is open, close the longest-idle one unused this long (30)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require this bearer token on every route (better: set {API_KEY_ENV}, which "
+        "other local users cannot read from the process list)",
+    )
+    parser.add_argument(
+        "--trust-client-tasks",
+        action="store_true",
+        help="accept tasks from clients that carry code the graders run (unit tests, "
+        "preambles): any client can then run code as this server's user",
+    )
     parser.add_argument("--log-level", default="warning")
     ns = parser.parse_args(argv)
     env = [a for a in ns.args if a.startswith("env=")]
@@ -403,19 +338,24 @@ def main(argv: Sequence[str] | None = None) -> None:
             client_kwargs=[k.strip() for k in ns.client_kwargs.split(",") if k.strip()],
             max_sessions=ns.max_sessions,
             idle_timeout_s=ns.idle_timeout_s,
+            evict_idle_s=ns.evict_idle_s,
+            trust_client_tasks=ns.trust_client_tasks,
             threads=ns.threads,
+        )
+        server = _build(
+            manager,
+            ns.host,
+            ns.port,
+            drain_timeout_s=ns.drain_timeout_s,
+            max_request_bytes=int(ns.max_request_mb * (1 << 20)),
+            request_timeout_s=ns.request_timeout_s,
+            keep_alive_s=ns.keep_alive_s,
+            api_key=resolve_api_key(ns.api_key),
+            log_level=ns.log_level,
+            announce=True,
         )
     except ConfigError as e:
         parser.exit(2, f"error: {e}\n")
-    server = _build(
-        manager,
-        ns.host,
-        ns.port,
-        drain_timeout_s=ns.drain_timeout_s,
-        max_request_bytes=int(ns.max_request_mb * (1 << 20)),
-        log_level=ns.log_level,
-        announce=True,
-    )
     server.run()
     if not server.started:
         sys.exit(1)

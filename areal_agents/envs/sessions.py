@@ -12,8 +12,16 @@ back what they return (or the :class:`RequestError` they raise).
 * A ``request_id`` makes a retried ``reset`` or ``step`` safe: a request whose id the session has
   seen gets the result of the first one (waiting for it if it still runs) instead of a second
   application. Opening a session is deduplicated the same way.
-* ``max_sessions`` bounds open sessions (``503 TooManySessions``); sessions idle for
-  ``idle_timeout_s`` are closed by :meth:`SessionManager.reap_idle`; after
+* A client's task (``options={"task": {...}}``) that carries code the graders execute (the keys
+  in :data:`CODE_TASK_KEYS`: unit tests and their preamble run on this host, a reasoning-gym
+  entry is handed to its dataset's own scorer) is refused (``403 TaskNotAllowed``) unless the
+  manager was made with ``trust_client_tasks=True``: the server runs no client's code.
+* A request id names one request: the same id with another body is refused (``409``), so a
+  client that reuses a fixed id cannot get another client's session or result.
+* ``max_sessions`` bounds open sessions. When all are open, opening one closes the session idle
+  longest, if it has been unused for ``evict_idle_s`` (idle clients cannot lock others out);
+  otherwise ``503 TooManySessions``. Sessions idle for ``idle_timeout_s`` are closed by
+  :meth:`SessionManager.reap_idle`; after
   :meth:`SessionManager.start_draining` new work gets ``503 ServerDraining`` while the calls under
   way finish (:attr:`SessionManager.in_flight`).
 * Whatever an environment raises is caught in its thread and answered as an error of that request
@@ -40,7 +48,17 @@ from typing import Any, TypeVar
 import gymnasium as gym
 
 from areal_agents.envs.base import MultiTurnEnv
-from areal_agents.envs.registry import ALIASES, resolve_env_id
+from areal_agents.envs.registry import resolve_env_id
+from areal_agents.envs.request_checks import (
+    CODE_TASK_KEYS,
+    canonical_env_id,
+    check_env_id,
+    check_kwargs,
+    check_same_request,
+    check_seed,
+    check_task,
+    fingerprint,
+)
 from areal_agents.envs.request_errors import RequestError, as_request_error, request_id_of
 from areal_agents.envs.wire import (
     PROTOCOL_VERSION,
@@ -50,7 +68,13 @@ from areal_agents.envs.wire import (
 )
 from areal_agents.errors import ConfigError, UnknownEnvironmentError
 
-__all__ = ["DEFAULT_CLIENT_KWARGS", "RequestError", "SessionManager", "canonical_env_id"]
+__all__ = [
+    "CODE_TASK_KEYS",
+    "DEFAULT_CLIENT_KWARGS",
+    "RequestError",
+    "SessionManager",
+    "canonical_env_id",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -64,23 +88,13 @@ _MEMORY = 1024  # results of session openings, and ids of expired sessions, reme
 _RESULTS_PER_SESSION = 8  # results kept per session for retried requests
 
 
-def canonical_env_id(name: str) -> str:
-    """The Gymnasium id ``name`` stands for: aliases resolved, a ``module:`` prefix dropped.
-
-    >>> canonical_env_id("calculator"), canonical_env_id("acme.tasks:acme/Echo-v0")
-    ('areal_agents/Calculator-v0', 'acme/Echo-v0')
-    """
-    name = ALIASES.get(name, name)
-    return name.rpartition(":")[2] if ":" in name else name
-
-
 @dataclass
 class _Session:
     id: str
     env: gym.Env[Any, Any]
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
-    results: OrderedDict[str, asyncio.Task[Any]] = field(default_factory=OrderedDict)
+    results: OrderedDict[str, tuple[str, asyncio.Task[Any]]] = field(default_factory=OrderedDict)
     closed: bool = False
 
 
@@ -93,6 +107,11 @@ class SessionManager:
         client_kwargs: keys clients may add to them (``("*",)``: any key).
         max_sessions: sessions open at once.
         idle_timeout_s: a session unused for this long is closed.
+        evict_idle_s: when ``max_sessions`` are open, the longest-idle session unused for at
+            least this long is closed to make room for a new one.
+        trust_client_tasks: accept client tasks that carry code (:data:`CODE_TASK_KEYS`): any
+            client can then run code on this host as the server's user.
+        code_task_keys: the task keys that count as code (add those a custom grader executes).
         threads: worker threads for environment calls (default: ``max_sessions``, at most 512).
     """
 
@@ -104,18 +123,27 @@ class SessionManager:
         client_kwargs: Iterable[str] = DEFAULT_CLIENT_KWARGS,
         max_sessions: int = 256,
         idle_timeout_s: float = 600.0,
+        evict_idle_s: float = 30.0,
+        trust_client_tasks: bool = False,
+        code_task_keys: Iterable[str] = CODE_TASK_KEYS,
         threads: int | None = None,
     ) -> None:
         if max_sessions < 1:
             raise ConfigError(f"max_sessions={max_sessions}: must be at least 1")
         if idle_timeout_s <= 0:
             raise ConfigError(f"idle_timeout_s={idle_timeout_s}: must be positive seconds")
+        if evict_idle_s < 0:
+            raise ConfigError(f"evict_idle_s={evict_idle_s}: must be 0 or more seconds")
         self.env_name = env
         self.env_id = resolve_env_id(env)
         self.env_kwargs = dict(env_kwargs or {})
         self.client_kwargs = frozenset(client_kwargs)
         self.max_sessions = max_sessions
         self.idle_timeout_s = idle_timeout_s
+        self.evict_idle_s = evict_idle_s
+        self.trust_client_tasks = trust_client_tasks
+        self.code_task_keys = frozenset(code_task_keys)
+        self.evicted = 0  # idle sessions closed to make room
         self.draining = False
         self.in_flight = 0
         self.opened = 0  # sessions opened since start
@@ -123,7 +151,7 @@ class SessionManager:
         self._count_lock = threading.Lock()
         self.started = time.monotonic()
         self._sessions: dict[str, _Session] = {}
-        self._opening: OrderedDict[str, asyncio.Task[Any]] = OrderedDict()  # by request id
+        self._opening: OrderedDict[str, tuple[str, asyncio.Task[Any]]] = OrderedDict()  # by id
         self._expired: OrderedDict[str, str] = OrderedDict()  # session id -> why it is gone
         self._spaces: dict[str, dict[str, Any]] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -150,6 +178,7 @@ class SessionManager:
             "max_sessions": self.max_sessions,
             "in_flight": self.in_flight,
             "sessions_opened": self.opened,
+            "sessions_evicted": self.evicted,
             "steps": self.steps,
             "idle_timeout_s": self.idle_timeout_s,
             "uptime_s": round(time.monotonic() - self.started, 3),
@@ -178,26 +207,22 @@ class SessionManager:
 
     async def reset(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """``POST /reset``: a new episode, in a new session when ``session_id`` is absent."""
-        seed = body.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise RequestError(
-                400, "BadRequest", f"'seed' must be an integer or null, got {seed!r}"
-            )
-        options = body.get("options")
-        if options is not None and not isinstance(options, dict):
-            raise RequestError(400, "BadRequest", "'options' must be an object or null")
+        check_seed(body.get("seed"))
+        check_task(body.get("options"), self.code_task_keys, self.trust_client_tasks)
         request_id = request_id_of(body)
         session_id = body.get("session_id")
         if session_id is not None:
             session = self._session(session_id)
             async with self._track():
-                return await self._once(session, request_id, self._resetter(session, body))
+                return await self._once(session, request_id, self._resetter(session, body), body)
         if request_id is not None and request_id in self._opening:  # a retried open
-            return await asyncio.shield(self._opening[request_id])
+            first, opening = self._opening[request_id]
+            check_same_request(request_id, first, body)
+            return await asyncio.shield(opening)
         async with self._track():
             task = asyncio.ensure_future(self._open_and_reset(body, request_id))
             if request_id is not None:
-                self._opening[request_id] = task
+                self._opening[request_id] = (fingerprint(body), task)
                 while len(self._opening) > _MEMORY:
                     self._opening.popitem(last=False)
             return await asyncio.shield(task)
@@ -219,13 +244,15 @@ class SessionManager:
     ) -> dict[str, Any]:
         self._check_env_id(body)
         kwargs = self._kwargs(body)
-        if len(self._sessions) >= self.max_sessions:
-            raise RequestError(
-                503,
-                "TooManySessions",
-                f"{len(self._sessions)} sessions are open, the limit (--max-sessions) is "
-                f"{self.max_sessions}; close sessions or retry later",
-            )
+        while len(self._sessions) >= self.max_sessions:  # (again after an eviction's await)
+            if not await self._evict_one():
+                raise RequestError(
+                    503,
+                    "TooManySessions",
+                    f"{len(self._sessions)} sessions are open, the limit (--max-sessions) is "
+                    f"{self.max_sessions}, and none has been idle {self.evict_idle_s:g} s "
+                    "(--evict-idle-s); close sessions or retry later",
+                )
         session = _Session(secrets.token_urlsafe(16), env=None)  # type: ignore[arg-type]
         self._sessions[session.id] = session  # counts against the limit while it is made
         self.opened += 1
@@ -236,7 +263,7 @@ class SessionManager:
                 self._sessions.pop(session.id, None)
                 raise
         try:
-            return await self._once(session, request_id, self._resetter(session, body, True))
+            return await self._once(session, request_id, self._resetter(session, body, True), body)
         except RequestError:  # the client never learns the id: do not leave the session open
             if self._sessions.pop(session.id, None) is not None:
                 await self._close(session)
@@ -283,7 +310,7 @@ class SessionManager:
                         out["assistant"] = recorded.to_openai()
                 return out
 
-            return await self._once(session, request_id, step)
+            return await self._once(session, request_id, step, body)
 
     async def render(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """``POST /render``: what ``env.render()`` returns (text for ``render_mode="ansi"``)."""
@@ -309,6 +336,25 @@ class SessionManager:
     def start_draining(self) -> None:
         """Refuse new work from now on; what runs finishes (watch :attr:`in_flight`)."""
         self.draining = True
+
+    async def _evict_one(self) -> bool:
+        """Close the session idle longest, if unused for ``evict_idle_s``; whether one was."""
+        now = time.monotonic()
+        idle = [
+            s
+            for s in self._sessions.values()
+            if s.env is not None and not s.lock.locked() and now - s.last_used >= self.evict_idle_s
+        ]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda s: s.last_used)
+        self._sessions.pop(oldest.id, None)
+        self.evicted += 1
+        why = f"closed after {now - oldest.last_used:.0f} s idle to make room (the server was full)"
+        self._forget(oldest.id, why)
+        logger.info("session %s: %s", oldest.id, why)
+        await self._close(oldest)
+        return True
 
     async def reap_idle(self) -> int:
         """Close sessions unused for ``idle_timeout_s``; returns how many."""
@@ -354,37 +400,10 @@ class SessionManager:
             self.in_flight -= 1
 
     def _check_env_id(self, body: Mapping[str, Any]) -> None:
-        wanted = body.get("env_id")
-        if wanted in (None, ""):
-            return
-        if not isinstance(wanted, str) or canonical_env_id(wanted) != canonical_env_id(self.env_id):
-            raise RequestError(
-                404,
-                "UnknownEnvironment",
-                f"this server serves {self.env_name!r} ({canonical_env_id(self.env_id)}), "
-                f"not {wanted!r}",
-            )
+        check_env_id(body.get("env_id"), self.env_id, self.env_name)
 
     def _kwargs(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        given = body.get("kwargs") or {}
-        if not isinstance(given, dict):
-            raise RequestError(400, "BadRequest", "'kwargs' must be an object")
-        for key in given:
-            if key in self.env_kwargs and given[key] != self.env_kwargs[key]:
-                raise RequestError(
-                    403,
-                    "KwargNotAllowed",
-                    f"{key}={self.env_kwargs[key]!r} is fixed by the server; drop it "
-                    "from the client's environment arguments",
-                )
-            if "*" not in self.client_kwargs and key not in self.client_kwargs:
-                raise RequestError(
-                    403,
-                    "KwargNotAllowed",
-                    f"clients may not set {key!r} (allowed: {', '.join(sorted(self.client_kwargs))}"
-                    f"); set it on the server (--env-kwargs) or allow it (--client-kwargs {key})",
-                )
-        return {**self.env_kwargs, **given}
+        return check_kwargs(body.get("kwargs"), self.env_kwargs, self.client_kwargs)
 
     def _make(self, kwargs: Mapping[str, Any]) -> gym.Env[Any, Any]:
         try:
@@ -416,10 +435,19 @@ class SessionManager:
     def _forget(self, session_id: str, why: str) -> None:
         _remember(self._expired, session_id, why)
 
-    async def _once(self, session: _Session, request_id: str | None, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the session's turn; a request id seen before gets the first result."""
+    async def _once(
+        self,
+        session: _Session,
+        request_id: str | None,
+        fn: Callable[[], T],
+        body: Mapping[str, Any] | None = None,
+    ) -> T:
+        """Run ``fn`` on the session's turn; a request id seen before (with the same ``body``)
+        gets the first result."""
         if request_id is not None and request_id in session.results:
-            return await asyncio.shield(session.results[request_id])
+            seen, first = session.results[request_id]
+            check_same_request(request_id, seen, body or {})
+            return await asyncio.shield(first)
 
         async def run() -> T:
             async with session.lock:  # held until the thread is done, even if the caller left
@@ -434,7 +462,7 @@ class SessionManager:
 
         task = asyncio.ensure_future(run())
         if request_id is not None:
-            session.results[request_id] = task
+            session.results[request_id] = (fingerprint(body or {}), task)
             while len(session.results) > _RESULTS_PER_SESSION:
                 session.results.popitem(last=False)
         return await asyncio.shield(task)

@@ -14,7 +14,8 @@ use these functions, so what a remote environment returns is what the local one 
 * an assistant :class:`~areal_agents.types.Turn` travels as a dict (:func:`turn_to_dict`), so
   that a turn whose tool calls the endpoint already parsed stays distinct from plain text.
 
-Non-finite floats are written as Python's ``json`` writes them (``NaN``, ``Infinity``).
+Non-finite floats are written as Python's ``json`` writes them (``NaN``, ``Infinity``); lone
+surrogates in strings as ``\\uXXXX`` escapes (:func:`dumps` never fails on text).
 
 >>> from gymnasium.spaces import Box
 >>> box = space_from_dict(space_to_dict(Box(0.0, 1.0, shape=(2,))))
@@ -28,8 +29,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
@@ -38,14 +39,17 @@ import numpy as np
 from gymnasium import spaces
 
 from areal_agents.envs.spaces import MessagesSpace, TurnSpace
+from areal_agents.files import json_text
 from areal_agents.types import ToolCall, Turn
 
 __all__ = [
+    "API_KEY_ENV",
     "PROTOCOL_VERSION",
     "OpaqueSpace",
     "decode_value",
     "dumps",
     "jsonable",
+    "resolve_api_key",
     "space_from_dict",
     "space_to_dict",
     "turn_from_dict",
@@ -56,6 +60,16 @@ logger = logging.getLogger(__name__)
 
 #: Bumped when a request or response changes incompatibly; ``/health`` reports it.
 PROTOCOL_VERSION = 1
+
+#: The environment variable that holds the server's API key, at both ends: the server reads it
+#: when ``--api-key`` is not given, :class:`~areal_agents.envs.remote.RemoteEnv` sends it.
+API_KEY_ENV = "AREAL_ENV_API_KEY"
+
+
+def resolve_api_key(given: str | None) -> str | None:
+    """The key a server or client uses: ``given``, else :data:`API_KEY_ENV`; None when empty."""
+    key = given if given is not None else os.environ.get(API_KEY_ENV)
+    return key or None
 
 
 def jsonable(value: Any) -> Any:
@@ -86,8 +100,12 @@ def jsonable(value: Any) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """``value`` as compact UTF-8 JSON (see :func:`jsonable` for the non-JSON types)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=jsonable).encode()
+    """``value`` as compact UTF-8 JSON (see :func:`jsonable` for the non-JSON types).
+
+    Any text can be sent: a lone surrogate (a test's message, a model's output) travels as its
+    ``\\uXXXX`` escape and arrives as the same string (:func:`areal_agents.files.json_text`).
+    """
+    return json_text(value, separators=(",", ":"), default=jsonable).encode()
 
 
 # ---- spaces --------------------------------------------------------------------------------
