@@ -32,13 +32,17 @@ def aggregation_normalizer(mask: Tensor, mode: str, *, norm_tokens: int | None =
     """The denominator :func:`aggregate` divides by, over the rows of ``mask`` ``[B, T]``.
 
     ``token_mean``: the number of policy tokens; ``seq_mean_token_mean``: the number of rows
-    with policy tokens; ``seq_sum_norm``: ``B * L`` (``L = norm_tokens``, else ``T``). A learner
+    with policy tokens; ``seq_sum_norm``: ``B * L`` with ``L = norm_tokens`` (Dr. GRPO's constant:
+    the trainer always passes one, ``TrainConfig`` resolves it), else the most policy tokens any
+    row holds (never the padded width ``T``: prompt and tool tokens do not count). A learner
     computes it over a whole minibatch and passes it to every micro-batch's :func:`aggregate`.
     Never below 1 for the counts.
 
-    >>> m = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    >>> m = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]])
     >>> [float(aggregation_normalizer(m, a)) for a in AGGREGATIONS]
-    [2.0, 1.0, 6.0]
+    [2.0, 1.0, 4.0]
+    >>> float(aggregation_normalizer(m, "seq_sum_norm", norm_tokens=10))
+    20.0
     """
     maskf = mask.float()
     if mode == "token_mean":
@@ -46,7 +50,7 @@ def aggregation_normalizer(mask: Tensor, mode: str, *, norm_tokens: int | None =
     if mode == "seq_mean_token_mean":
         return (maskf.sum(1) > 0).float().sum().clamp(min=1.0)
     if mode == "seq_sum_norm":
-        length = mask.shape[1] if norm_tokens is None else norm_tokens
+        length = float(maskf.sum(1).max().clamp(min=1.0)) if norm_tokens is None else norm_tokens
         return torch.tensor(float(mask.shape[0] * length))
     raise _unknown(mode)
 
@@ -65,7 +69,8 @@ def aggregate(
     * ``seq_mean_token_mean`` — mean over rows with policy tokens of each row's token mean
       (GRPO as published, TRL ``grpo``).
     * ``seq_sum_norm`` — sum over all policy tokens / (B * L) with ``L = norm_tokens`` or, when
-      None, the ``T`` of the batch (Dr. GRPO, TRL ``dr_grpo`` with ``L = max_completion_length``).
+      None, the longest row's policy tokens (Dr. GRPO, TRL ``dr_grpo`` with
+      ``L = max_completion_length``: a constant, which the trainer passes).
 
     The denominator is :func:`aggregation_normalizer` of ``mask``; ``normalizer`` replaces it
     with one computed over a larger batch, so that micro-batch losses *sum* to the full-batch

@@ -28,6 +28,7 @@ and nothing — advantage, loss, KL or entropy — flows through a position wher
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from areal_agents.trainers.advantages import (
     get_advantage_estimator,
     register_advantage_estimator,
 )
+from areal_agents.trainers.corrections import IMP_AGGS, IMP_LEVELS, IMP_MODES
 from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.losses import (
     AGGREGATIONS,
@@ -63,7 +65,6 @@ __all__ = [
 
 _BASELINES = ("batch", "running", "none")
 _STD_SCOPES = ("group", "batch")
-_IMP_MODES = ("truncate", "mask")
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,23 @@ class AlgoConfig:
     dual_clip_c: float | None = None
     """Dual clip bound ``c > 1`` on negative-advantage tokens (None: off; 3.0 is common)."""
     behavior_imp_cap: float | None = 5.0
-    """Cap on the behaviour weight ``pi_prox / pi_behav`` (decoupled_ppo); None: no cap."""
+    """Cap on the behaviour weight ``pi_prox / pi_behav`` (decoupled_ppo, reinforce; see
+    ``trainers/corrections.py``); None: no cap."""
     behavior_imp_mode: str = "truncate"
-    """Above the cap: ``truncate`` (min(w, cap), truncated IS) or ``mask`` (drop the token)."""
+    """Above the cap: ``truncate`` (min(w, cap), truncated IS) or ``mask`` (weight 0: the
+    token, turn or sequence is dropped; AReaL's token masking, MIS at turn/sequence level)."""
+    behavior_imp_level: str = "token"
+    """What one behaviour weight covers: ``token``, ``turn`` (an assistant turn's tokens share
+    one weight) or ``sequence`` (the whole episode's policy tokens share one)."""
+    behavior_imp_agg: str = "geometric"
+    """How a turn's or sequence's token weights combine: ``geometric`` (their geometric mean)
+    or ``product`` (the exact sequence ratio). Ignored at ``behavior_imp_level=token``."""
+    behavior_imp_floor: float | None = None
+    """Units whose behaviour weight is below this are masked (weight 0); None: no floor."""
+    shuffle_rewards: bool = False
+    """Placebo: the learner shuffles the rewards among the batch's episodes (seeded per step)
+    before computing advantages, so the update has the real one's size and shape but no
+    signal; what held-out success does then is drift alone (``benchmarks/rl_gain.py``)."""
     aggregation: str = "token_mean"
     """token_mean | seq_mean_token_mean | seq_sum_norm (see ``losses.aggregate``)."""
     norm_tokens: int | None = None
@@ -156,7 +171,9 @@ class AlgoConfig:
         _choose("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _choose("baseline", self.baseline, _BASELINES)
         _choose("std_scope", self.std_scope, _STD_SCOPES)
-        _choose("behavior_imp_mode", self.behavior_imp_mode, _IMP_MODES)
+        _choose("behavior_imp_mode", self.behavior_imp_mode, IMP_MODES)
+        _choose("behavior_imp_level", self.behavior_imp_level, IMP_LEVELS)
+        _choose("behavior_imp_agg", self.behavior_imp_agg, IMP_AGGS)
         for key in ("clip_eps_low", "clip_eps_high", "kl_coef", "entropy_coef", "vf_coef"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"algo.{key}={getattr(self, key)} must be >= 0")
@@ -166,6 +183,12 @@ class AlgoConfig:
             raise ConfigError(f"algo.dual_clip_c={self.dual_clip_c} must be > 1 (try 3.0) or none")
         if self.behavior_imp_cap is not None and self.behavior_imp_cap <= 0:
             raise ConfigError(f"algo.behavior_imp_cap={self.behavior_imp_cap} must be > 0 or none")
+        floor, cap = self.behavior_imp_floor, self.behavior_imp_cap
+        if floor is not None and not 0 < floor < (cap if cap is not None else math.inf):
+            raise ConfigError(
+                f"algo.behavior_imp_floor={floor} must be > 0 and below algo.behavior_imp_cap="
+                f"{cap} (e.g. 0.2 with a cap of 5), or none"
+            )
         for key in ("gamma", "lam"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algo.{key}={getattr(self, key)} must be in [0, 1]")

@@ -50,6 +50,7 @@ __all__ = [
     "sequence_logprobs",
     "split_minibatches",
     "split_ranks",
+    "token_staleness",
 ]
 
 
@@ -66,6 +67,7 @@ class Batch:
     truncated: Tensor  # [B] bool: the episode hit max_turns
     group_ids: list[str]
     lengths: list[int]
+    versions: Tensor | None = None  # [B, T-1] long: each predicted token's weight version (-1 off)
 
     def rows(self, index: Sequence[int], width: int | None = None) -> Batch:
         """A sub-batch of rows ``index``, cropped to ``width`` input positions (default: the
@@ -95,6 +97,7 @@ class Batch:
             truncated=self.truncated[idx],
             group_ids=[self.group_ids[i] for i in index],
             lengths=[self.lengths[i] for i in index],
+            versions=None if self.versions is None else self.versions[idx, : w - 1],
         )
 
 
@@ -108,12 +111,14 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     attn = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T)
     behavior_logprobs = torch.zeros(B, T)
+    versions = torch.full((B, T), -1, dtype=torch.long)
     for i, t in enumerate(trajectories):
         n = len(t.sequence_ids)
         sequence_ids[i, :n] = torch.tensor(t.sequence_ids, dtype=torch.long)
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
         behavior_logprobs[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
+        versions[i, :n] = torch.tensor(t.versions, dtype=torch.long)
     return Batch(
         sequence_ids=sequence_ids,
         attention_mask=attn,
@@ -123,6 +128,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
         truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
         group_ids=[t.group_id for t in trajectories],
         lengths=lengths,
+        versions=versions[:, 1:].contiguous(),
     )
 
 
@@ -251,3 +257,30 @@ def sequence_logprobs(logits: Tensor, sequence_ids: Tensor, temperature: float =
             "expected [B, T, V] and [B, T]"
         )
     return gather_logprobs(logits[:, :-1], sequence_ids[:, 1:], temperature)
+
+
+def token_staleness(versions: Tensor, mask: Tensor, version: int) -> dict[str, float]:
+    """How many weight versions old the batch's policy tokens are, trained at ``version``:
+    ``staleness/token_mean`` and ``staleness/token_max`` over every policy token, and
+    ``staleness/turn<k>_mean`` for the k-th assistant turn of the episodes (0 first).
+
+    >>> v = torch.tensor([[-1, 3, 3, -1, 4], [-1, 3, -1, -1, -1]])
+    >>> m = (v >= 0).float()
+    >>> token_staleness(v, m, version=5)
+    {'staleness/token_mean': 1.75, 'staleness/token_max': 2.0, 'staleness/turn0_mean': 2.0, \
+'staleness/turn1_mean': 1.0}
+    """
+    on = mask > 0
+    if not bool(on.any()):
+        return {}
+    age = (version - versions).to(torch.float64)  # [B, T]
+    out = {
+        "staleness/token_mean": float(age[on].mean()),
+        "staleness/token_max": float(age[on].max()),
+    }
+    start = on & ~torch.nn.functional.pad(on, (1, 0))[:, :-1]  # a turn's first token
+    turn = start.long().cumsum(dim=1) - 1  # [B, T]
+    for k in range(int(turn[on].max()) + 1):
+        here = on & (turn == k)
+        out[f"staleness/turn{k}_mean"] = float(age[here].mean())
+    return out

@@ -199,6 +199,16 @@ class TrainerConfig:
     """Learning-rate decay after warm-up (to 0 at ``total_steps``)."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold (0 disables clipping)."""
+    target_kl: float | None = None
+    """A trust region on every step's size: the KL (nats per token) the policy may move in one
+    step, measured exactly on the probe set (``policy/update_kl``). After a step that moved it
+    more, the learning rate is scaled down for the next, and back up (never above ``lr``) after
+    smaller ones (``trainers/probe.py``, ``learner/lr_scale``). None: off. Needs
+    ``probe_tokens > 0``."""
+    probe_tokens: int = 256
+    """Policy-token positions of the fixed probe set (taken from the first batch) on which the
+    learner measures, after every step, the exact KL between the policy before and after it
+    (``policy/update_kl``). 0: not measured (one small no-grad forward pass a step saved)."""
     micro_batch_tokens: int = 512
     """Token budget of one forward/backward micro-batch (gradients accumulate across them):
     the positions its forward runs on (padded rows x longest, or packed: see below)."""
@@ -272,6 +282,14 @@ class TrainerConfig:
             raise ConfigError(f"trainer.lr={self.lr}: must be positive (e.g. trainer.lr=1e-6)")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"trainer.betas={list(self.betas)}: two numbers in [0, 1)")
+        if self.probe_tokens < 0:
+            raise ConfigError(f"trainer.probe_tokens={self.probe_tokens}: must be 0 (off) or more")
+        if self.target_kl is not None and (self.target_kl <= 0 or not self.probe_tokens):
+            raise ConfigError(
+                f"trainer.target_kl={self.target_kl} with trainer.probe_tokens="
+                f"{self.probe_tokens}: the target must be positive nats/token (e.g. 0.01) and "
+                "is measured on the probe set (trainer.probe_tokens > 0)"
+            )
         if self.micro_batch_tokens < 16:
             raise ConfigError(f"trainer.micro_batch_tokens={self.micro_batch_tokens}: too small")
         if self.minibatches > self.groups_per_step:
@@ -449,6 +467,17 @@ class TrainConfig:
             )
         if self.model.lora.enabled:
             self._check_lora_engine()
+        if self.algo.aggregation == "seq_sum_norm" and self.algo.norm_tokens is None:
+            if self.env.max_turns is None:
+                raise ConfigError(
+                    "algo.aggregation=seq_sum_norm divides by a constant length: set "
+                    "algo.norm_tokens (e.g. inference.max_tokens x the turns of an episode) "
+                    "or env.max_turns"
+                )
+            # Dr. GRPO's constant: the most policy tokens an episode can hold
+            self.algo = self.algo.replace(
+                norm_tokens=self.inference.max_tokens * self.env.max_turns
+            )
         groupwise = get_advantage_estimator(self.algo.advantage).groupwise
         if groupwise and self.env.group_size < 2:
             raise ConfigError(

@@ -6,6 +6,8 @@
   of policy tokens (the environment's tokens separate turns): :func:`longest_turn`.
 * Overlong filtering (``algo.mask_truncated``): a truncated episode gets no loss
   (:func:`truncation_mask`); its reward still counts in its group's baseline.
+* The placebo (``algo.shuffle_rewards``): the batch's rewards in a seeded random order
+  (:func:`shuffled_rewards`), so that an update of the real one's size carries no signal.
 
 :func:`shape_batch` applies both as the config asks; every rank of the learner applies it to
 the whole batch, identically. Dynamic sampling (``algo.dynamic_sampling``) is not here: it
@@ -25,7 +27,14 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["FilterKnobs", "longest_turn", "overlong_penalty", "shape_batch", "truncation_mask"]
+__all__ = [
+    "FilterKnobs",
+    "longest_turn",
+    "overlong_penalty",
+    "shape_batch",
+    "shuffled_rewards",
+    "truncation_mask",
+]
 
 
 class FilterKnobs(Protocol):
@@ -37,6 +46,8 @@ class FilterKnobs(Protocol):
     def overlong_penalty(self) -> float: ...
     @property
     def mask_truncated(self) -> bool: ...
+    @property
+    def shuffle_rewards(self) -> bool: ...
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> Tensor:
@@ -66,20 +77,42 @@ def truncation_mask(mask: Tensor, truncated: Tensor) -> Tensor:
     return mask * (~truncated.bool())[:, None].to(mask.dtype)
 
 
+def shuffled_rewards(rewards: Tensor, seed: int) -> Tensor:
+    """``rewards`` ``[B]`` in a random order drawn from ``seed``: the same rewards, none of them
+    (except by chance) on the episode that earned it.
+
+    >>> r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5])
+    >>> s = shuffled_rewards(r, seed=3)
+    >>> sorted(s.tolist()) == sorted(r.tolist()), torch.equal(s, shuffled_rewards(r, seed=3))
+    (True, True)
+    """
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(rewards.shape[0], generator=generator)
+    return rewards[order]
+
+
 def shape_batch(
     cfg: FilterKnobs,
     rewards: Tensor,
     loss_mask: Tensor,
     truncated: Tensor,
     max_response_tokens: int | None,
+    *,
+    shuffle_seed: int = 0,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """``(rewards [B], loss_mask [B, T], metrics)`` after the overlong penalty and filtering.
+    """``(rewards [B], loss_mask [B, T], metrics)`` after the placebo shuffle (when
+    ``cfg.shuffle_rewards``, drawn from ``shuffle_seed``: pass one per step), the overlong
+    penalty and filtering.
 
     ``max_response_tokens`` is the per-turn limit (needed when ``cfg.overlong_buffer > 0``).
     Metrics: ``filter/overlong_penalty`` (the mean penalty added to the rewards),
-    ``filter/overlong_rows`` and ``filter/truncated_masked_rows`` (rows affected).
+    ``filter/overlong_rows`` and ``filter/truncated_masked_rows`` (rows affected),
+    ``filter/shuffled_rewards`` (1 when the placebo shuffled them).
     """
     metrics: dict[str, float] = {}
+    if cfg.shuffle_rewards:
+        rewards = shuffled_rewards(rewards, shuffle_seed)
+        metrics["filter/shuffled_rewards"] = 1.0
     if cfg.overlong_buffer > 0:
         if max_response_tokens is None:
             raise ValueError("algo.overlong_buffer > 0 needs the per-turn token limit")

@@ -38,9 +38,16 @@ from areal_agents.net import free_port
 from areal_agents.trainers import fsdp
 from areal_agents.trainers.advantages import RunningBaseline, compute_advantages
 from areal_agents.trainers.algorithms import AlgoConfig, Needs
-from areal_agents.trainers.batching import Batch, collate, plan, split_minibatches
+from areal_agents.trainers.batching import (
+    Batch,
+    collate,
+    plan,
+    split_minibatches,
+    token_staleness,
+)
 from areal_agents.trainers.checkpoint import capture_rng, read_files, restore_rng, write_files
 from areal_agents.trainers.config import LoraConfig, ModelConfig, TrainerConfig
+from areal_agents.trainers.corrections import weight_summary
 from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.filters import shape_batch
 from areal_agents.trainers.forward import (
@@ -54,6 +61,7 @@ from areal_agents.trainers.lora import adapter_state, apply_lora, merged_state
 from areal_agents.trainers.losses import aggregation_normalizer, compute_policy_loss
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
 from areal_agents.trainers.precision import mixed_precision
+from areal_agents.trainers.probe import KLBrake, PolicyProbe
 from areal_agents.types import Trajectory
 
 __all__ = ["Learner", "LearnerSpec"]
@@ -110,6 +118,10 @@ class Learner:
         self.updates_per_step = spec.trainer.ppo_epochs * spec.trainer.minibatches
         self.needs: Needs = spec.algo.needs(self.updates_per_step)
         self.baseline = RunningBaseline() if spec.algo.baseline == "running" else None
+        self.probe = PolicyProbe(spec.trainer.probe_tokens, spec.temperature)
+        self.brake = KLBrake(spec.trainer.target_kl)
+        self._log_weights: list[Tensor] = []  # this step's step-start / behaviour log-weights
+        self._record_weights = False  # while the first pass over the batch runs
 
     # ---- set-up ----------------------------------------------------------------------------
 
@@ -142,7 +154,7 @@ class Learner:
         self.model = fsdp.shard_model(model, decoder_layers(model))
         self.optimizer = self._adamw([p for p in self.model.parameters() if p.requires_grad])
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: _lr_factor(cfg, s)
+            self.optimizer, lambda s: _lr_factor(cfg, s) * self.brake.scale
         )
         if self.needs.critic:
             critic = ValueModel(path, spec.model.dtype).to(self.device)
@@ -176,8 +188,15 @@ class Learner:
         """One optimizer step (or ``epochs x minibatches`` updates) on ``trajectories``."""
         spec, cfg, algo = self.spec, self.spec.trainer, self.spec.algo
         batch = collate(trajectories, self.pad_id)
+        self.probe.fix(batch)  # the first batch's policy tokens, kept for the whole run
+        self.probe.before(self.model, self.device)
         rewards, loss_mask, shaped = shape_batch(
-            algo, batch.rewards, batch.loss_mask, batch.truncated, spec.max_response_tokens
+            algo,
+            batch.rewards,
+            batch.loss_mask,
+            batch.truncated,
+            spec.max_response_tokens,
+            shuffle_seed=cfg.seed * 1_000_003 + self.step,  # the placebo's draw, per step
         )
         batch = dataclasses.replace(batch, rewards=rewards, loss_mask=loss_mask)
         everything = list(range(len(trajectories)))
@@ -196,7 +215,9 @@ class Learner:
         )
         sums: dict[str, float] = defaultdict(float)
         minibatches = split_minibatches(batch.group_ids, cfg.minibatches)
-        for _ in range(cfg.ppo_epochs):
+        self._log_weights = []
+        for epoch in range(cfg.ppo_epochs):
+            self._record_weights = epoch == 0  # the data against the step-start policy
             for rows in minibatches:
                 mbs = plan(rows, batch.lengths, spec.world_size, spec.rank, budget, cost)
                 norm = float(
@@ -214,11 +235,20 @@ class Learner:
                     sums["value/grad_norm"] += self._clip_and_step(
                         self.critic, self.critic_optimizer
                     )
+        update_kl = self.probe.after(self.model, self.device)  # how far this step moved it
+        lr = float(self.scheduler.get_last_lr()[0])  # what this step's updates used
+        self.brake.update(update_kl)  # the trust region: the next step's lr scale
         self.scheduler.step()
-        self.step += 1
         metrics = self._reduce(sums, self.updates_per_step)
         metrics.update(shaped)
-        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        metrics.update(self._weight_metrics())
+        if batch.versions is not None:
+            metrics.update(token_staleness(batch.versions, batch.loss_mask, self.step))
+        self.step += 1
+        if update_kl is not None:
+            metrics["policy/update_kl"] = update_kl
+        metrics["learner/lr_scale"] = self.brake.scale
+        metrics["lr"] = lr
         mask_total = batch.loss_mask.sum().clamp(min=1)
         metrics["advantage/abs_mean"] = float(adv.abs().sum() / mask_total)
         if self.baseline is not None:
@@ -285,6 +315,11 @@ class Learner:
             normalizer=norm,
         )
         (loss * spec.world_size).backward()
+        if self._record_weights and rows:
+            start = pre.proximal_logprobs[rows, :w] if pre.proximal_logprobs is not None else None
+            start = out.logprobs.detach().float().cpu() if start is None else start
+            on = mb.loss_mask > 0
+            self._log_weights.append((start - mb.behavior_logprobs)[on])
         if self.critic is not None and returns is not None and pre.old_values is not None:
             values = critic_values(self.critic, mb, device=dev, share=share)
             vloss, vmetrics = compute_value_loss(
@@ -302,10 +337,21 @@ class Learner:
             v = float(value.detach())
             if key.startswith("loss/"):
                 sums[key] += v  # already normalised globally: micro-batch terms add up
+            elif key.endswith("_seqs"):  # a count: summed over micro-batches and ranks
+                sums[key + "@w"] += v
             else:
                 sums[key + "@w"] += v * tokens
         sums["@tokens"] += tokens
         sums["learner/forward_tokens"] += out.tokens  # summed over ranks, per update
+
+    def _weight_metrics(self) -> dict[str, float]:
+        """Importance-weight quantiles and the behaviour KL of the step's whole batch (every
+        rank's tokens gathered): the data against the step-start policy, whatever the loss."""
+        local = torch.cat(self._log_weights) if self._log_weights else torch.zeros(0)
+        gathered: list[Any] = [None] * self.spec.world_size
+        dist.all_gather_object(gathered, local)
+        self._log_weights = []
+        return weight_summary(torch.cat([g for g in gathered if g is not None]))
 
     def _clip_and_step(self, model: Any, optimizer: torch.optim.Optimizer) -> float:
         max_norm = self.spec.trainer.max_grad_norm
@@ -330,7 +376,9 @@ class Learner:
         tokens = max(total.pop("@tokens", 0.0), 1.0)
         out: dict[str, float] = {}
         for k, v in total.items():
-            if k.endswith("@w"):
+            if k.endswith("_seqs@w"):  # a count per micro-batch: summed, per update
+                out[k[:-2]] = v / updates
+            elif k.endswith("@w"):
                 out[k[:-2]] = v / tokens
             elif k.startswith("loss/"):
                 out[k] = v / updates
@@ -411,6 +459,8 @@ class Learner:
             }
             if self.baseline is not None:
                 schedule["baseline"] = self.baseline.state_dict()
+            schedule["probe"] = self.probe.state_dict()
+            schedule["brake"] = self.brake.state_dict()
             torch.save(schedule, out / "schedule.pt")
         dist.barrier()
         torch.save(capture_rng(), out / f"rng_rank{self.spec.rank}.pt")
@@ -448,6 +498,8 @@ class Learner:
         self.step = int(schedule["step"])
         if self.baseline is not None and "baseline" in schedule:
             self.baseline.load_state_dict(schedule["baseline"])
+        self.probe.load_state_dict(schedule.get("probe") or {})
+        self.brake.load_state_dict(schedule.get("brake") or {})
         rng = src / f"rng_rank{self.spec.rank}.pt"
         if rng.is_file():
             restore_rng(torch.load(rng, weights_only=False))

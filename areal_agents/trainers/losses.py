@@ -40,6 +40,7 @@ from torch import Tensor
 
 from areal_agents.errors import ConfigError, did_you_mean
 from areal_agents.trainers.aggregation import AGGREGATIONS, aggregate, aggregation_normalizer
+from areal_agents.trainers.corrections import behavior_weights
 from areal_agents.trainers.masked import masked_max, masked_mean, masked_min
 
 __all__ = [
@@ -87,6 +88,12 @@ class LossKnobs(Protocol):
     def behavior_imp_cap(self) -> float | None: ...
     @property
     def behavior_imp_mode(self) -> str: ...
+    @property
+    def behavior_imp_level(self) -> str: ...
+    @property
+    def behavior_imp_agg(self) -> str: ...
+    @property
+    def behavior_imp_floor(self) -> float | None: ...
     @property
     def aggregation(self) -> str: ...
     @property
@@ -259,26 +266,20 @@ def clipped_surrogate(
     return pg, metrics
 
 
-def behavior_weights(
-    proximal_logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor, cap: float | None, mode: str
+def _behavior(
+    cfg: LossKnobs, proximal_logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Importance weight ``pi_prox / pi_behav`` per token, truncated or masked above ``cap``.
-
-    ``mode="truncate"`` uses ``min(w, cap)`` (truncated importance sampling); ``mode="mask"``
-    drops tokens with ``w > cap`` (weight 0), as AReaL does. No gradient flows through it.
-    """
-    w = torch.exp(_log_ratio(proximal_logprobs, behavior_logprobs, 20.0)).detach()  # [B, T]
-    over = torch.zeros_like(w, dtype=torch.bool) if cap is None else w > cap
-    if cap is not None:
-        w_used = w.clamp(max=cap) if mode == "truncate" else torch.where(over, 0.0 * w, w)
-    else:
-        w_used = w
-    metrics = _ratio_metrics(w, mask, "behavior/weight")
-    metrics["behavior/capped_frac"] = masked_mean(over.to(w.dtype), mask)
-    metrics["behavior/kl"] = masked_mean(
-        kl_estimate(proximal_logprobs.detach(), behavior_logprobs, "k3"), mask
+    """The corrected behaviour weights ``cfg`` asks for (``trainers/corrections.py``)."""
+    return behavior_weights(
+        proximal_logprobs,
+        behavior_logprobs,
+        mask,
+        cfg.behavior_imp_cap,
+        cfg.behavior_imp_mode,
+        level=cfg.behavior_imp_level,
+        agg=cfg.behavior_imp_agg,
+        floor=cfg.behavior_imp_floor,
     )
-    return w_used, metrics
 
 
 def _ppo_terms(
@@ -310,9 +311,7 @@ def ppo_clip_loss(
     ``proximal_logprobs`` too (then this is textbook PPO/GRPO).
     """
     pg, metrics = _ppo_terms(cfg, logprobs, proximal_logprobs, advantages, mask)
-    _, bmetrics = behavior_weights(
-        proximal_logprobs, behavior_logprobs, mask, cfg.behavior_imp_cap, cfg.behavior_imp_mode
-    )
+    _, bmetrics = _behavior(cfg, proximal_logprobs, behavior_logprobs, mask)
     metrics.update(bmetrics)
     return pg, metrics
 
@@ -333,9 +332,7 @@ def decoupled_ppo_loss(
     policy that actually sampled the tokens.
     """
     pg, metrics = _ppo_terms(cfg, logprobs, proximal_logprobs, advantages, mask)
-    w, bmetrics = behavior_weights(
-        proximal_logprobs, behavior_logprobs, mask, cfg.behavior_imp_cap, cfg.behavior_imp_mode
-    )
+    w, bmetrics = _behavior(cfg, proximal_logprobs, behavior_logprobs, mask)
     metrics.update(bmetrics)
     return w * pg, metrics
 
@@ -349,17 +346,19 @@ def reinforce_loss(
     advantages: Tensor,
     mask: Tensor,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Plain policy gradient: ``-A * log pi`` per token (no ratio, no clipping)."""
+    """Policy gradient with the off-policy correction: ``-w * A * log pi`` per token, no ratio
+    and no clipping. ``w`` is the behaviour weight ``pi / pi_behav`` of the current policy
+    (detached) with the configured correction (``algo.behavior_imp_*``,
+    :mod:`~areal_agents.trainers.corrections`): 1 on fresh samples (sync), and in async the
+    importance weight that makes a stale sample's gradient that of the current policy."""
     ratio = torch.exp(_log_ratio(logprobs.detach(), proximal_logprobs, cfg.max_log_ratio))
     metrics = _ratio_metrics(ratio, mask, "ratio")
     metrics["approx_kl"] = masked_mean(
         kl_estimate(logprobs.detach(), proximal_logprobs.detach(), "k3"), mask
     )
-    _, bmetrics = behavior_weights(
-        proximal_logprobs, behavior_logprobs, mask, cfg.behavior_imp_cap, cfg.behavior_imp_mode
-    )
+    w, bmetrics = _behavior(cfg, proximal_logprobs, behavior_logprobs, mask)
     metrics.update(bmetrics)
-    return -advantages.detach() * logprobs, metrics
+    return -w * advantages.detach() * logprobs, metrics
 
 
 def compute_policy_loss(

@@ -111,3 +111,19 @@ def test_an_object_store_ray_would_refuse_is_refused_here() -> None:
     with pytest.raises(ConfigError, match=r"ray\.object_store_mb=64: at least 75"):
         load_config(TrainConfig, ["ray.object_store_mb=64"])
     assert load_config(TrainConfig, ["ray.object_store_mb=75"]).ray.object_store_mb == 75
+
+
+def test_dr_grpo_divides_by_a_constant_the_config_resolves() -> None:
+    """Dr. GRPO's ``seq_sum_norm`` needs one length for every batch: the most policy tokens an
+    episode holds (``inference.max_tokens`` x ``env.max_turns``) unless ``algo.norm_tokens``
+    says otherwise; an environment of unknown turns must name it."""
+    cfg = load_config(TrainConfig, ["algo=dr_grpo", "env=calculator", "inference.max_tokens=40"])
+    assert cfg.env.max_turns is not None
+    assert cfg.algo.norm_tokens == 40 * cfg.env.max_turns
+    kept = load_config(TrainConfig, ["algo=dr_grpo", "env=calculator", "algo.norm_tokens=7"])
+    assert kept.algo.norm_tokens == 7
+    with pytest.raises(ConfigError, match=r"algo\.norm_tokens"):
+        TrainConfig(
+            env=dataclasses.replace(TrainConfig().env, max_turns=None),
+            algo=TrainConfig().algo.replace(aggregation="seq_sum_norm"),
+        )

@@ -91,6 +91,39 @@ def test_behavior_imp_cap_and_mode() -> None:
     assert masked["grad_norm"] == 0.0 and masked["loss/policy"] == 0.0  # every token dropped
 
 
+def test_behavior_imp_level_agg_and_floor() -> None:
+    """w = e^0.5 = 1.65 on every token (under the cap 5): a turn of 5 tokens has the product
+    e^2.5 = 12.2 and one of 3 e^1.5 = 4.5, the sequence e^4 = 55; geometric means stay 1.65."""
+    stale = batch(offset=-0.5)
+    base = dict(loss="decoupled_ppo", behavior_imp_mode="mask")
+    token = step(algo(**base), stale)
+    assert token["behavior/masked_frac"] == 0.0 and token["grad_norm"] > 0
+    geo = step(algo(**base, behavior_imp_level="sequence"), stale)
+    assert geo["behavior/masked_frac"] == 0.0
+    seq = step(algo(**base, behavior_imp_level="sequence", behavior_imp_agg="product"), stale)
+    assert seq["behavior/masked_frac"] == 1.0 and seq["behavior/masked_seqs"] == 4
+    assert seq["grad_norm"] == 0.0
+    turn = step(algo(**base, behavior_imp_level="turn", behavior_imp_agg="product"), stale)
+    assert turn["behavior/masked_frac"] == pytest.approx(5 / 8)  # the 5-token turns
+    assert turn["behavior/masked_seqs"] == 4 and turn["grad_norm"] > 0
+    floor = step(algo(**base, behavior_imp_floor=2.0), stale)
+    assert floor["behavior/masked_frac"] == 1.0 and floor["grad_norm"] == 0.0
+
+
+def test_shuffle_rewards_is_a_placebo_of_the_same_size() -> None:
+    rows = [
+        row(g, r, seed=i) for i, (g, r) in enumerate(zip("aabbccdd", [1.0, 0.0] * 4, strict=True))
+    ]
+    real, placebo = learner(), learner(algo(shuffle_rewards=True))
+    before = params(real)
+    m_real, m_placebo = real.train_step(rows), placebo.train_step(rows)
+    assert m_placebo["filter/shuffled_rewards"] == 1.0 and "filter/shuffled_rewards" not in m_real
+    assert largest_change(params(real), params(placebo)) > 0  # a different update...
+    assert largest_change(before, params(placebo)) == pytest.approx(
+        largest_change(before, params(real)), rel=0.5
+    )  # ...of the same size (Adam: about lr per weight)
+
+
 def test_max_log_ratio_clamps_the_ratio() -> None:
     out = step(algo(max_log_ratio=0.1), batch(offset=-0.5))
     assert out["ratio/max"] == pytest.approx(math.exp(0.1), rel=1e-4)
@@ -99,12 +132,13 @@ def test_max_log_ratio_clamps_the_ratio() -> None:
 def test_aggregation_and_norm_tokens() -> None:
     # ratio 1, so the per-token loss is -A; rows of 8 and 3 policy tokens, A = +-A per group
     data = [row(g, r, (5, 3) if r else (2, 1)) for g in ("a", "b") for r in (1.0, 0.0)]
-    n_pos, n_neg, width = 8, 3, len(data[0].sequence_ids) - 1
+    n_pos, n_neg = 8, 3
     token_sum = -(2 * n_pos * A - 2 * n_neg * A)
     expected = {
         "token_mean": token_sum / (2 * n_pos + 2 * n_neg),
         "seq_mean_token_mean": 0.0,  # the mean of per-row means: -A, +A, -A, +A
-        "seq_sum_norm": token_sum / (4 * width),
+        # without norm_tokens: B x the longest row's policy tokens (not the padded width)
+        "seq_sum_norm": token_sum / (4 * n_pos),
     }
     for mode, value in expected.items():
         assert step(algo(aggregation=mode), data)["loss/policy"] == pytest.approx(value, abs=1e-5)
@@ -256,6 +290,10 @@ COVERED: dict[str, str] = {
     "algo.dual_clip_c": "test_dual_clip_c_bounds_negative_advantage_tokens",
     "algo.behavior_imp_cap": "test_behavior_imp_cap_and_mode",
     "algo.behavior_imp_mode": "test_behavior_imp_cap_and_mode",
+    "algo.behavior_imp_level": "test_behavior_imp_level_agg_and_floor",
+    "algo.behavior_imp_agg": "test_behavior_imp_level_agg_and_floor",
+    "algo.behavior_imp_floor": "test_behavior_imp_level_agg_and_floor",
+    "algo.shuffle_rewards": "test_shuffle_rewards_is_a_placebo_of_the_same_size",
     "algo.aggregation": "test_aggregation_and_norm_tokens",
     "algo.norm_tokens": "test_aggregation_and_norm_tokens",
     "algo.kl_coef": "test_kl_coef_kl_estimator_and_kl_in_reward",
@@ -295,6 +333,11 @@ COVERED: dict[str, str] = {
     "trainer.weight_decay": TRAINER + "test_weight_decay_and_betas",
     "trainer.betas": TRAINER + "test_weight_decay_and_betas",
     "trainer.max_grad_norm": TRAINER + "test_max_grad_norm_clips_the_update",
+    "trainer.probe_tokens": (
+        TRAINER + "test_probe_tokens_measure_the_update_and_target_kl_brakes_the_lr"
+    ),
+    "trainer.target_kl": TRAINER
+    + "test_probe_tokens_measure_the_update_and_target_kl_brakes_the_lr",
     "trainer.micro_batch_tokens": TRAINER + "test_micro_batch_tokens_split_the_work_not_the_update",
     "trainer.share_prompt_prefix": (
         TRAINER + "test_share_prompt_prefix_runs_the_shared_prefix_once_and_changes_nothing_else"

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from areal_agents.trainers.buffer import TrajectoryBuffer
-from areal_agents.trainers.config import TrainConfig
+from areal_agents.trainers.config import TrainConfig, TrainerConfig
 from tests.trainers._tiny_learner import (
     algo,
     batch,
@@ -43,6 +43,30 @@ def test_lr_warmup_and_schedules() -> None:
     cosine = step(lr_schedule="cosine", total_steps=4)["lr"]
     assert cosine == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
     assert step()["lr"] == 1e-3  # constant
+
+
+def test_probe_tokens_measure_the_update_and_target_kl_brakes_the_lr() -> None:
+    off = step(probe_tokens=0)
+    assert "policy/update_kl" not in off
+    on = learner()  # the default probe: the first batch's policy tokens (4 rows x 8 here)
+    first = on.train_step(batch())
+    assert first["policy/update_kl"] > 0 and first["learner/lr_scale"] == 1.0
+    assert on.probe.rows is not None and sum(len(p) for _, p in on.probe.rows) == 32
+    # a target far below what a step at lr 1e-3 moves: the next step's lr halves, then again
+    braked = learner(target_kl=first["policy/update_kl"] / 100)
+    m1 = braked.train_step(batch())
+    m2 = braked.train_step(batch(offset=-0.1))
+    m3 = braked.train_step(batch(offset=-0.2))
+    assert (m1["lr"], m2["lr"], m3["lr"]) == pytest.approx((1e-3, 5e-4, 2.5e-4))
+    target = (
+        first["policy/update_kl"] / 100
+    )  # the next scale: 0.25 x sqrt(target / kl), in [/2, x2]
+    factor = min(2.0, max(0.5, math.sqrt(target / m3["policy/update_kl"])))
+    assert m3["learner/lr_scale"] == pytest.approx(0.25 * factor)
+    free = learner(target_kl=1e6)  # a target never reached: the configured lr throughout
+    assert [free.train_step(batch())["lr"] for _ in range(2)] == [1e-3, 1e-3]
+    with pytest.raises(Exception, match="probe_tokens"):
+        TrainerConfig(target_kl=0.01, probe_tokens=0)
 
 
 def test_weight_decay_and_betas() -> None:

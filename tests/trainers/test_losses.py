@@ -10,7 +10,7 @@ import torch
 
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.algorithms import AlgoConfig, compute_policy_loss, compute_value_loss
-from areal_agents.trainers.losses import aggregate, get_loss, kl_estimate
+from areal_agents.trainers.losses import aggregate, aggregation_normalizer, get_loss, kl_estimate
 
 D = torch.float64
 
@@ -110,7 +110,8 @@ def test_aggregations_hand_numbers_and_normalizer() -> None:
     m = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
     assert aggregate(x, m, "token_mean").item() == pytest.approx(3.0)
     assert aggregate(x, m, "seq_mean_token_mean").item() == pytest.approx(3.5)  # empty row out
-    assert aggregate(x, m, "seq_sum_norm").item() == pytest.approx(9 / 9)
+    # without norm_tokens: B x the most policy tokens a row holds (2), never the padded width
+    assert aggregate(x, m, "seq_sum_norm").item() == pytest.approx(9 / 6)
     assert aggregate(x, m, "seq_sum_norm", norm_tokens=6).item() == pytest.approx(9 / 18)
     # micro-batches with the global normaliser sum to the full-batch value
     parts = aggregate(x[:1], m[:1], "token_mean", normalizer=3) + aggregate(
@@ -119,6 +120,18 @@ def test_aggregations_hand_numbers_and_normalizer() -> None:
     assert parts.item() == pytest.approx(3.0)
     with pytest.raises(ConfigError, match="did you mean 'token_mean'"):
         aggregate(x, m, "token_meen")
+
+
+def test_dr_grpo_normaliser_ignores_prompt_tokens() -> None:
+    """The same policy tokens behind a longer prompt (or padded wider) keep Dr. GRPO's
+    denominator: it used to be B x T, T counting prompt and padding positions."""
+    short = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0]])
+    long = torch.cat([torch.zeros(2, 40, dtype=torch.long), short], dim=1)  # 40 prompt tokens
+    for norm_tokens in (None, 80):
+        a = aggregation_normalizer(short, "seq_sum_norm", norm_tokens=norm_tokens)
+        b = aggregation_normalizer(long, "seq_sum_norm", norm_tokens=norm_tokens)
+        assert float(a) == float(b)
+    assert float(aggregation_normalizer(long, "seq_sum_norm")) == 2 * 3
 
 
 def test_value_loss_clipping_hand_numbers() -> None:
@@ -149,18 +162,18 @@ def ref_token(lp: float, prox: float, behav: float, a: float, c: AlgoConfig) -> 
     d = max(-lim, min(lim, lp - prox))
     dgrad = 1.0 if -lim < lp - prox < lim else 0.0
     r = math.exp(d)
-    if c.loss == "reinforce":
-        return -a * lp, -a
     lo, hi = 1 - c.clip_eps_low, 1 + c.clip_eps_high
     rc = min(max(r, lo), hi)
     unclipped, clipped = -a * r, -a * rc
-    if unclipped >= clipped:
+    if c.loss == "reinforce":  # no ratio: -A log pi, behaviour-weighted below
+        loss, grad = -a * lp, -a
+    elif unclipped >= clipped:
         loss, grad = unclipped, -a * r * dgrad
     else:
         loss, grad = clipped, (-a * r * dgrad if lo < r < hi else 0.0)
-    if c.dual_clip_c is not None and a < 0 and -c.dual_clip_c * a < loss:
+    if c.loss != "reinforce" and c.dual_clip_c is not None and a < 0 and -c.dual_clip_c * a < loss:
         loss, grad = -c.dual_clip_c * a, 0.0
-    if c.loss == "decoupled_ppo":
+    if c.loss in ("decoupled_ppo", "reinforce"):
         w = math.exp(max(-20, min(20, prox - behav)))
         cap = c.behavior_imp_cap
         if cap is not None and w > cap:

@@ -1,0 +1,138 @@
+"""How far each step moves the policy: the exact KL between the policy before and after an update,
+on a fixed probe set of token positions, and the learning-rate brake that holds it near a target.
+
+A training step with a real reward and a placebo step with shuffled rewards can be equally large:
+Adam moves every weight by about the learning rate whatever the gradient says. What differs is
+where the policy goes. :class:`PolicyProbe` measures how far it goes, the same way every step:
+it fixes a set of the policy's own token positions once (the first batch's, up to
+``trainer.probe_tokens``; kept in the checkpoint), keeps the policy's full next-token
+distribution at each (``log_softmax`` over the vocabulary, at the sampling temperature), and
+after every step computes
+
+    policy/update_kl = mean over positions of  sum_v p_before(v) log(p_before(v) / p_after(v))
+
+exactly (no sampling estimate), then keeps the new distributions for the next step. One no-grad
+forward pass over the probe rows per step (two at the first step and after a resume).
+
+:class:`KLBrake` (``trainer.target_kl``) is the trust region that acts on that measurement:
+after a step that moved the policy more than the target, the learning rate of the next steps is
+scaled down, and back up (never above the configured one) after steps that moved it less. A
+step's KL grows with the square of its size, so the scale moves by ``sqrt(target / kl)``,
+limited to a factor of 2 per step.
+
+>>> brake = KLBrake(target=0.01)
+>>> round(brake.update(0.04), 3), round(brake.update(0.0025), 3), round(brake.update(None), 3)
+(0.5, 1.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from areal_agents.trainers.batching import Batch
+
+__all__ = ["KLBrake", "PolicyProbe"]
+
+
+@dataclass
+class KLBrake:
+    """The learning-rate scale that keeps the probe's per-step KL near ``target`` (None: off,
+    scale 1). ``min_scale`` bounds how far it brakes."""
+
+    target: float | None
+    scale: float = 1.0
+    min_scale: float = 1e-3
+
+    def update(self, kl: float | None) -> float:
+        """The scale for the next step, after a step that moved the policy ``kl`` nats/token."""
+        if self.target is None or kl is None or not math.isfinite(kl):
+            return self.scale
+        factor = math.sqrt(self.target / max(kl, 1e-12))
+        factor = min(2.0, max(0.5, factor))
+        self.scale = min(1.0, max(self.min_scale, self.scale * factor))
+        return self.scale
+
+    def state_dict(self) -> dict[str, float]:
+        return {"scale": self.scale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale = float(state.get("scale", 1.0))
+
+
+@dataclass
+class PolicyProbe:
+    """A fixed set of up to ``tokens`` policy-token positions and the policy's distribution at
+    each, before the next update (module docstring). ``tokens=0`` turns it off."""
+
+    tokens: int
+    temperature: float = 1.0
+    rows: list[tuple[list[int], list[int]]] | None = None
+    """The probe: ``(token ids, predicted positions)`` per row, fixed at the first batch."""
+    _last: list[Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def enabled(self) -> bool:
+        return self.tokens > 0
+
+    def fix(self, batch: Batch) -> None:
+        """Take the probe from ``batch`` (the first one) if it has none yet: its rows in order,
+        each row's policy positions, until ``tokens`` positions are held."""
+        if not self.enabled or self.rows is not None:
+            return
+        rows: list[tuple[list[int], list[int]]] = []
+        left = self.tokens
+        for i in range(batch.sequence_ids.shape[0]):
+            if left <= 0:
+                break
+            positions = torch.nonzero(batch.loss_mask[i] > 0).flatten().tolist()[:left]
+            if not positions:
+                continue
+            ids = batch.sequence_ids[i, : positions[-1] + 2].tolist()  # through the last target
+            rows.append((ids, positions))
+            left -= len(positions)
+        self.rows = rows
+
+    @torch.no_grad()
+    def _distributions(self, model: nn.Module, device: torch.device) -> list[Tensor]:
+        out = []
+        for ids, positions in self.rows or []:
+            keep = torch.tensor(positions, dtype=torch.long, device=device)
+            logits = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=keep)
+            scores = logits.logits[0].float()  # [k, V]
+            if scores.shape[0] != len(positions):  # a model that ignored logits_to_keep
+                scores = scores[keep]
+            out.append(torch.log_softmax(scores / self.temperature, dim=-1).cpu())
+        return out
+
+    def before(self, model: nn.Module, device: torch.device) -> None:
+        """Hold the current policy's distributions unless already held (the first step, or the
+        first after a resume). Collective under FSDP: every rank calls it."""
+        if self.enabled and self.rows and self._last is None:
+            self._last = self._distributions(model, device)
+
+    def after(self, model: nn.Module, device: torch.device) -> float | None:
+        """The exact KL(before || now) per probe position, averaged; the current distributions
+        become the next step's "before". None when off. Collective under FSDP."""
+        if not self.enabled or not self.rows or self._last is None:
+            return None
+        now = self._distributions(model, device)
+        total, count = 0.0, 0
+        for old, new in zip(self._last, now, strict=True):
+            kl = (old.exp() * (old - new)).sum(dim=-1)  # [k]
+            total += float(kl.sum())
+            count += int(kl.numel())
+        self._last = now
+        return total / max(count, 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The probe's positions (its distributions are recomputed after a resume)."""
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows = state.get("rows")
+        self._last = None

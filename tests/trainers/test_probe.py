@@ -1,0 +1,67 @@
+"""The probe's ``policy/update_kl`` is the exact KL between the policy before and after a step,
+on the probe positions; it survives a checkpoint; the brake follows its formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from areal_agents.trainers.probe import KLBrake
+from tests.trainers._tiny_learner import (
+    batch,
+    learner,
+    process_group,  # noqa: F401  (the autouse fixture)
+)
+
+
+def _distributions(lrn: object, rows: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    model = lrn.model  # type: ignore[attr-defined]
+    out = []
+    with torch.no_grad():
+        for ids, positions in rows:
+            logits = model(input_ids=torch.tensor([ids])).logits[0]  # every position
+            out.append(torch.log_softmax(logits[positions].double(), dim=-1))
+    return out
+
+
+def test_update_kl_is_the_exact_kl_on_the_probe_positions(tmp_path: object) -> None:
+    lrn = learner(probe_tokens=12)
+    data = batch()
+    lrn.probe.fix(lrn_batch(lrn, data))
+    rows = lrn.probe.rows
+    assert rows is not None and sum(len(p) for _, p in rows) == 12  # 8 of row 0, 4 of row 1
+    assert [len(p) for _, p in rows] == [8, 4]
+    old = _distributions(lrn, rows)
+    metrics = lrn.train_step(data)
+    new = _distributions(lrn, rows)
+    exact = torch.cat([(o.exp() * (o - n)).sum(-1) for o, n in zip(old, new, strict=True)])
+    assert metrics["policy/update_kl"] == pytest.approx(float(exact.mean()), rel=1e-4)
+    # the next step measures from where this one ended
+    second = lrn.train_step(batch(offset=-0.3))
+    newer = _distributions(lrn, rows)
+    exact2 = torch.cat([(o.exp() * (o - n)).sum(-1) for o, n in zip(new, newer, strict=True)])
+    assert second["policy/update_kl"] == pytest.approx(float(exact2.mean()), rel=1e-4)
+    # a checkpoint keeps the probe's positions (and the brake's scale)
+    lrn.save_checkpoint(str(tmp_path))
+    again = learner(probe_tokens=12)
+    again.load_checkpoint(str(tmp_path))
+    assert again.probe.rows == rows
+    third = again.train_step(batch(offset=0.2))
+    assert third["policy/update_kl"] > 0
+
+
+def lrn_batch(lrn: object, data: list[object]) -> object:
+    from areal_agents.trainers.batching import collate
+
+    return collate(data, lrn.pad_id)  # type: ignore[arg-type, attr-defined]
+
+
+def test_kl_brake_formula() -> None:
+    brake = KLBrake(target=0.01)
+    assert brake.update(0.01) == 1.0  # on target: the configured lr
+    assert brake.update(0.0025) == 1.0  # never above it
+    assert brake.update(0.015625) == pytest.approx(0.8)  # sqrt(0.01 / 0.015625)
+    assert brake.update(10.0) == pytest.approx(0.4)  # at most halved per step
+    assert brake.update(0.0001) == pytest.approx(0.8)  # at most doubled
+    brake.load_state_dict({"scale": 0.5})
+    assert brake.scale == 0.5 and KLBrake(target=None).update(5.0) == 1.0
