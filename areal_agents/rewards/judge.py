@@ -379,7 +379,7 @@ class LLMJudge(Reward):
 
     async def _ask(self, client: openai.AsyncOpenAI, parts: PromptParts) -> Verdict:
         """One attempt: a fresh nonce, the request, a bounded body, a strict verdict."""
-        body = {
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": build_messages(parts, new_nonce()),
             "temperature": self.temperature,
