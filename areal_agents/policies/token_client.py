@@ -222,8 +222,15 @@ class TokenPolicy:
                     f"the endpoint returned {len(chunk_ids)} token ids but "
                     f"{len(chunk_logprobs)} logprobs"
                 )
+            if any(lp is None for lp in chunk_logprobs):
+                # a token without its log-prob cannot be trained on (0.0 would claim p = 1)
+                missing = [i for i, lp in enumerate(chunk_logprobs) if lp is None]
+                raise EndpointError(
+                    f"the endpoint returned no log-prob for {len(missing)} of {len(chunk_ids)} "
+                    f"completion tokens (first at {missing[0]})"
+                )
             completion_ids.extend(int(t) for t in chunk_ids)
-            behavior_logprobs.extend(float(lp if lp is not None else 0.0) for lp in chunk_logprobs)
+            behavior_logprobs.extend(float(lp) for lp in chunk_logprobs)
             versions.extend([version] * len(chunk_ids))
             finish = choice.finish_reason
             if response.usage is not None and not usage_prompt:

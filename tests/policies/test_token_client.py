@@ -39,3 +39,37 @@ def test_the_client_holds_turns_only_while_the_caller_does(tokenizer: Any) -> No
     del turn
     gc.collect()
     assert "t" not in policy.sampled  # an ended episode leaves nothing behind
+
+
+def test_a_missing_log_prob_is_an_endpoint_error_not_zero(tokenizer: Any) -> None:
+    """A completion token without its log-prob cannot be trained on: the episode is dropped
+    (an infrastructure fault), never given a behaviour log-prob of 0.0 (probability 1)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import pytest
+
+    from areal_agents.errors import EndpointError
+
+    def reply(logprobs: list[float | None]) -> Any:
+        choice = SimpleNamespace(
+            model_extra={"token_ids": [11, 12, 13]},
+            logprobs=SimpleNamespace(token_logprobs=logprobs),
+            finish_reason="stop",
+        )
+        return SimpleNamespace(choices=[choice], usage=None)
+
+    policy = TokenPolicy("http://127.0.0.1:9/v1", "m", tokenizer)
+    policy.max_model_len = 0  # unknown: nothing to ask the endpoint
+
+    async def act(logprobs: list[float | None]) -> Turn:
+        async def complete(prompt: list[int], max_tokens: int) -> tuple[Any, int]:
+            return reply(logprobs), 0
+
+        policy._complete = complete  # type: ignore[method-assign]
+        return await policy.act([Message.user("hi")], [])
+
+    turn = asyncio.run(act([-0.1, -0.2, -0.3]))
+    assert turn.behavior_logprobs == pytest.approx((-0.1, -0.2, -0.3))
+    with pytest.raises(EndpointError, match="log-prob"):
+        asyncio.run(act([-0.1, None, -0.3]))
