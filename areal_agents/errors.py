@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "AgentsError",
+    "CapacityError",
     "ClusterUnreachableError",
     "ConfigError",
     "DependencyError",
@@ -23,6 +24,7 @@ __all__ = [
     "EpisodeDropped",
     "ImageNotFoundError",
     "InfrastructureError",
+    "LearnerLost",
     "MalformedResponseError",
     "RewardTimeout",
     "SandboxError",
@@ -48,6 +50,11 @@ class ConfigError(AgentsError, ValueError):
 
 class ClusterUnreachableError(ConfigError):
     """``ray.address`` names no reachable Ray cluster; the message says what to check."""
+
+
+class CapacityError(ConfigError):
+    """The run's actors do not fit the Ray cluster (or the local instance); the message lists
+    what the run needs, what each node has free and the keys to change."""
 
 
 class UnknownEnvironmentError(ConfigError):
@@ -111,6 +118,11 @@ class MalformedResponseError(EndpointError):
 
 class WeightSyncError(InfrastructureError):
     """New weights could not be pushed to an inference server in time."""
+
+
+class LearnerLost(InfrastructureError):
+    """A learner rank died (its process, or its node): the step in progress is lost and the
+    run goes back to its last checkpoint."""
 
 
 class EpisodeDropped(InfrastructureError):

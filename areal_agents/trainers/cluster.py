@@ -1,4 +1,6 @@
-"""Attaching to an existing Ray cluster (``ray.address=...``) and spreading actors over it.
+"""Attaching to an existing Ray cluster (``ray.address=...``).
+
+Where the run's actors go on it is the placement group of ``trainers/placement.py``.
 
 Why a plain ``ray.init(address="127.0.0.1:PORT")`` hung against a cluster started on loopback:
 Ray rewrites a loopback bootstrap address into the machine's network address ("remotely
@@ -22,7 +24,7 @@ from typing import Any
 from areal_agents.errors import ClusterUnreachableError
 from areal_agents.trainers.config import RayConfig
 
-__all__ = ["attach_ray", "bootstrap_endpoint", "loopback_only", "spread", "wait_for_port"]
+__all__ = ["attach_ray", "bootstrap_endpoint", "loopback_only", "wait_for_port"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,30 +117,3 @@ def attach_ray(cfg: RayConfig, runtime_env: dict[str, Any]) -> None:
     wait_for_port(host, port, cfg.connect_timeout_s)
     address = cfg.address if cfg.address.startswith("ray://") else f"{host}:{port}"
     ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING, **kwargs)
-
-
-def spread(on_cluster: bool, index: int, cpus: float = 0.0, gpus: float = 0.0) -> dict[str, Any]:
-    """Actor options that put the ``index``-th actor of a group on the cluster's nodes in turn.
-
-    Locally: none. On a cluster: node ``index % n`` of the ``n`` alive nodes that have ``cpus``
-    CPUs and ``gpus`` GPUs in all (sorted by node id, so that every group walks the nodes in
-    the same order), as a hard node affinity; Ray's ``SPREAD`` when no node has them. Ray's
-    ``SPREAD`` and a soft affinity were tried first: both put two CPU-less actors on the same
-    node of two.
-    """
-    if not on_cluster:
-        return {}
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    nodes = sorted(
-        n["NodeID"]
-        for n in ray.nodes()
-        if n.get("Alive")
-        and n.get("Resources", {}).get("CPU", 0.0) >= cpus
-        and n.get("Resources", {}).get("GPU", 0.0) >= gpus
-    )
-    if not nodes:
-        return {"scheduling_strategy": "SPREAD"}
-    node = nodes[index % len(nodes)]
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)}

@@ -4,8 +4,10 @@ Servers come from the engine registry (``inference.engine``: the built-in server
 launcher, :mod:`areal_agents.serving.engines`) and implement
 :class:`~areal_agents.serving.base.InferenceServer`. On a local Ray instance the driver starts
 them as child processes bound to 127.0.0.1; attached to a cluster (``ray.address=...``) each
-server is started inside a Ray actor that reserves ``inference.gpus_per_server`` GPUs, so Ray
-places it on a GPU node, the servers spread over the nodes in turn.
+server is started inside a Ray actor in the server's bundle of the run's placement group
+(``inference.gpus_per_server`` GPUs, ``ray.actor_cpus`` CPUs: ``trainers/placement.py``).
+:func:`server_alive` tells whether a server's process still runs; :func:`start_server` starts
+one again in its slot (the run's supervision, ``trainers/supervisor.py``).
 ``inference.torch_threads`` sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` in each server's
 environment (a built-in server reports the count it runs with on ``/health``).
 
@@ -25,15 +27,17 @@ from typing import Any
 from areal_agents.errors import WeightSyncError
 from areal_agents.serving.base import InferenceServer
 from areal_agents.serving.engines import get_engine
-from areal_agents.trainers.cluster import spread
 from areal_agents.trainers.config import InferenceConfig
 from areal_agents.trainers.object_store import ShmLoader
+from areal_agents.trainers.placement import Placement
 from areal_agents.trainers.runtime import remote_class
 from areal_agents.trainers.weight_sync import VLLM_TRANSFER
 
 __all__ = [
     "launch_local_servers",
+    "server_alive",
     "server_torch_threads",
+    "start_server",
     "start_servers",
     "stop_servers",
     "thread_env",
@@ -110,6 +114,15 @@ class _ServerHost:
     def base_url(self) -> str:
         return str(self.server.base_url)
 
+    def wait_exit(self, poll_s: float = 0.5) -> int | None:
+        """Return once the server's process has ended (its exit status): the trainer keeps
+        one call of this in flight to learn of a death (the actor's own shows as an error)."""
+        import time
+
+        while (process := self.server.process) is not None and process.poll() is None:
+            time.sleep(poll_s)
+        return None if process is None else process.returncode
+
     def call(self, method: str, **kwargs: Any) -> Any:
         return getattr(self.server, method)(**kwargs)
 
@@ -133,6 +146,12 @@ class _RemoteServer:
         self._ray = ray
         self.handle = handle
         self.base_url = str(ray.get(handle.base_url.remote()))
+        self._exit = handle.wait_exit.remote()  # ready once the server or its host is gone
+
+    def alive(self) -> bool:
+        """Whether the server's process and its host actor still run."""
+        ready, _ = self._ray.wait([self._exit], timeout=0)
+        return not ready
 
     def _call(self, method: str, wait_s: float, **kwargs: Any) -> Any:
         if method in ("load_ref", "stop"):  # the host's own methods
@@ -187,7 +206,8 @@ class _RemoteServer:
 
     def stop(self) -> None:
         try:
-            self._call("stop", wait_s=60)
+            if self.alive():
+                self._call("stop", wait_s=60)
         finally:
             self._ray.kill(self.handle)
 
@@ -197,15 +217,16 @@ def start_servers(
     model_dir: Path,
     served_name: str,
     *,
-    on_cluster: bool,
+    placement: Placement | None = None,
     log_dir: Path | None = None,
     launched: list[InferenceServer] | None = None,
     chat_template: str | None = None,
 ) -> list[InferenceServer]:
     """Start ``cfg.num_servers`` servers on ``model_dir`` and wait until they answer
     (``launched``: local servers :func:`launch_local_servers` already started, to wait for).
-    On a cluster each server applies ``chat_template`` to ``model_dir`` on its own node."""
-    if not on_cluster:
+    With ``placement`` (on a cluster) each server runs in a Ray actor in its bundle and applies
+    ``chat_template`` to ``model_dir`` on its own node."""
+    if placement is None:
         servers = launched or launch_local_servers(cfg, model_dir, served_name, log_dir)
         try:
             with concurrent.futures.ThreadPoolExecutor(cfg.num_servers) as pool:
@@ -214,15 +235,62 @@ def start_servers(
             stop_servers(servers)
             raise
         return servers
-
-    host = remote_class(_ServerHost)
     handles = [
-        host.options(
-            num_cpus=0, num_gpus=cfg.gpus_per_server, **spread(True, i, 0.0, cfg.gpus_per_server)
-        ).remote(cfg=cfg, model_dir=str(model_dir), name=served_name, chat_template=chat_template)
+        _host(cfg, model_dir, served_name, placement, i, chat_template)
         for i in range(cfg.num_servers)
     ]
     return [_RemoteServer(h) for h in handles]
+
+
+def _host(
+    cfg: InferenceConfig,
+    model_dir: Path,
+    served_name: str,
+    placement: Placement,
+    index: int,
+    chat_template: str | None,
+) -> Any:
+    # two threads: one waits for the server's exit (the trainer's watch), one serves calls
+    return (
+        remote_class(_ServerHost)
+        .options(max_concurrency=2, **placement.options("server", index))
+        .remote(cfg=cfg, model_dir=str(model_dir), name=served_name, chat_template=chat_template)
+    )
+
+
+def start_server(
+    cfg: InferenceConfig,
+    model_dir: Path,
+    served_name: str,
+    index: int,
+    *,
+    placement: Placement | None = None,
+    log_dir: Path | None = None,
+    chat_template: str | None = None,
+) -> InferenceServer:
+    """Server ``index`` (again, after a death), ready: locally a child process that logs to
+    ``server-<index>.log``; with ``placement``, a Ray actor in the server's bundle."""
+    if placement is not None:
+        return _RemoteServer(_host(cfg, model_dir, served_name, placement, index, chat_template))
+    log = None if log_dir is None else log_dir / f"server-{index}.log"
+    server = _create(cfg, str(model_dir), served_name, "127.0.0.1", log)
+    try:
+        server.start()
+        server.wait_ready(timeout=cfg.startup_timeout_s)
+    except BaseException:
+        stop_servers([server])
+        raise
+    return server
+
+
+def server_alive(server: InferenceServer) -> bool:
+    """Whether ``server`` still runs: its host actor and process on a cluster, its child
+    process locally (a server given by URL only is taken to run)."""
+    alive = getattr(server, "alive", None)
+    if alive is not None:
+        return bool(alive())
+    process = getattr(server, "process", None)
+    return process is None or process.poll() is None
 
 
 def launch_local_servers(

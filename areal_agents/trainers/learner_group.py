@@ -1,4 +1,10 @@
-"""The learner ranks as Ray actors: placement, rendezvous, and calls on every rank at once."""
+"""The learner ranks as Ray actors: placement, rendezvous, and calls on every rank at once.
+
+A collective call waits on every rank and fails as soon as one rank is gone
+(:func:`gather`): the others would wait in the collective for their peer until the process
+group's timeout. The loss is :class:`~areal_agents.errors.LearnerLost`; the loop goes back to
+its last checkpoint (``trainers/loop.py``).
+"""
 
 from __future__ import annotations
 
@@ -8,38 +14,50 @@ from typing import Any
 
 import ray
 
+from areal_agents.errors import LearnerLost
 from areal_agents.trainers.checkpoint import read_files, write_files
-from areal_agents.trainers.cluster import spread
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.learner import Learner, LearnerSpec
+from areal_agents.trainers.placement import Placement
 from areal_agents.trainers.runtime import remote_class
 from areal_agents.types import Trajectory
 
-__all__ = ["LearnerGroup"]
+__all__ = ["LearnerGroup", "gather"]
+
+
+def gather(refs: list[Any], what: str = "learner rank") -> list[Any]:
+    """``ray.get(refs)``, raising :class:`LearnerLost` as soon as one of them is from a dead
+    actor (not after the others, which may wait for it forever)."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(done[0])
+        except ray.exceptions.RayActorError as e:
+            rank = refs.index(done[0])
+            raise LearnerLost(f"{what} {rank} died: {type(e).__name__}: {e}") from None
+    return list(ray.get(refs))
 
 
 class LearnerGroup:
-    """``trainer.learner_ranks`` FSDP2 ranks, each a Ray actor with the configured resources
-    (``ray.learner_gpus`` GPUs each), spread over the nodes when attached to a cluster.
+    """``trainer.learner_ranks`` FSDP2 ranks, each a Ray actor in its bundle of the run's
+    placement group (``ray.actor_cpus`` CPUs, ``ray.learner_gpus`` GPUs each).
 
     Every collective method (train, export, checkpoint) is called on all ranks together; the
     result of rank 0 is returned.
     """
 
-    def __init__(self, cfg: TrainConfig, model_dir: Path) -> None:
+    def __init__(self, cfg: TrainConfig, model_dir: Path, placement: Placement) -> None:
         world = cfg.trainer.learner_ranks
         use_gpu = cfg.ray.learner_gpus > 0
         self.on_cluster = bool(cfg.ray.address)
+        self.lost = False
         actor = remote_class(Learner)
         self.actors = [
             actor.options(
-                num_cpus=cfg.ray.actor_cpus,
-                num_gpus=cfg.ray.learner_gpus,
                 name=None,
                 max_concurrency=1,
-                **spread(
-                    bool(cfg.ray.address), rank, cfg.ray.actor_cpus, cfg.ray.learner_gpus
-                ),  # ranks over the cluster's nodes
+                **placement.options("learner", rank),
             ).remote(
                 spec=LearnerSpec(
                     model_dir=str(model_dir),
@@ -60,7 +78,11 @@ class LearnerGroup:
         self.info = self._all("setup", master_addr=address, master_port=port)
 
     def _all(self, method: str, **kwargs: Any) -> Any:
-        return ray.get([getattr(a, method).remote(**kwargs) for a in self.actors])[0]
+        try:
+            return gather([getattr(a, method).remote(**kwargs) for a in self.actors])[0]
+        except LearnerLost:
+            self.lost = True
+            raise
 
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
         ref = ray.put(trajectories)  # one copy in the object store for every rank
@@ -80,7 +102,12 @@ class LearnerGroup:
         """Rank 0's full state dict, left in Ray's object store as numpy arrays: its
         ``ObjectRef`` (see :mod:`areal_agents.trainers.object_store`)."""
         refs = [a.full_state_arrays.remote() for a in self.actors]
-        ray.get(refs[1:])  # the other ranks take part in the gather and return {}
+        try:
+            gather(refs[1:])  # the other ranks take part in the gather and return {}
+        except LearnerLost:
+            self.lost = True
+            raise
+        ray.wait(refs[:1], fetch_local=False)
         ray.wait(refs[:1], fetch_local=False)
         return refs[0]
 
@@ -112,7 +139,11 @@ class LearnerGroup:
         if not self.on_cluster:
             self._all("save_checkpoint", directory=str(directory))
             return
-        parts = ray.get([a.checkpoint_files.remote() for a in self.actors])
+        try:
+            parts = gather([a.checkpoint_files.remote() for a in self.actors])
+        except LearnerLost:
+            self.lost = True
+            raise
         write_files({name: data for part in parts for name, data in part.items()}, directory)
 
     def load_checkpoint(self, directory: Path) -> int:
@@ -122,8 +153,10 @@ class LearnerGroup:
         return int(self._all("load_checkpoint_files", files=files))
 
     def shutdown(self) -> None:
-        # the process group may already be gone; killing the actors follows anyway
-        with contextlib.suppress(Exception):
-            ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
+        # the process group may already be gone; killing the actors follows anyway (at once
+        # after a loss: the ranks left wait in a collective for the dead one)
+        if not self.lost:
+            with contextlib.suppress(Exception):
+                ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
         for a in self.actors:
             ray.kill(a)

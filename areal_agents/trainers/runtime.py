@@ -84,8 +84,12 @@ def worker_env() -> dict[str, str]:
 _reaper: RayReaper | None = None
 
 
-def start_ray(cfg: RayConfig) -> bool:
+def start_ray(cfg: RayConfig, object_store_mb: int | None = None) -> bool:
     """Start (or attach to) Ray; returns True when this call started it.
+
+    ``object_store_mb``: the local instance's object store (default ``ray.object_store_mb``,
+    256 MB when that is unset; the training loop sizes it from the model:
+    :func:`~areal_agents.trainers.placement.object_store_mb`).
 
     Without ``ray.address`` a fresh local instance is started, always (``address="local"``:
     never a cluster that a stale record on the machine names), on loopback only (Ray
@@ -125,7 +129,7 @@ def start_ray(cfg: RayConfig) -> bool:
                 num_gpus=None,
                 _node_ip_address="127.0.0.1",
                 include_dashboard=False,
-                object_store_memory=cfg.object_store_mb * 2**20,
+                object_store_memory=(object_store_mb or cfg.object_store_mb or 256) * 2**20,
                 runtime_env=runtime_env,
                 logging_level=logging.WARNING,
                 log_to_driver=True,
@@ -247,22 +251,40 @@ class RolloutWorkerActor:
         max_concurrent_groups: int,
         exclude_task_ids: frozenset[str] = frozenset(),
         chat_template: str | None = None,
+        incarnation: int = 0,
     ) -> None:
         from transformers import AutoTokenizer
 
-        from areal_agents.policies.token_client import TokenPolicy
-        from areal_agents.serving.engines import get_engine
         from areal_agents.trainers.modeling import node_model_dir
 
         pin_process(inference.cpus)  # the generation side's cores (inference.cpus)
         # the template applied on this node: the driver's run directory is not readable here
-        tokenizer = AutoTokenizer.from_pretrained(str(node_model_dir(model_dir, chat_template)))
-        engine = get_engine(inference.engine)
-        policies = [
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            str(node_model_dir(model_dir, chat_template))
+        )
+        self.inference = inference
+        self.served_name = served_name
+        self.worker = RolloutWorker(
+            env,
+            self._policies(base_urls),
+            RayBuffer(buffer),
+            max_concurrent_groups=max_concurrent_groups,
+            worker_id=worker_id,
+            exclude_task_ids=exclude_task_ids,
+            incarnation=incarnation,
+        )
+
+    def _policies(self, base_urls: list[str]) -> list[Any]:
+        """One token-level policy per server URL."""
+        from areal_agents.policies.token_client import TokenPolicy
+        from areal_agents.serving.engines import get_engine
+
+        inference, engine = self.inference, get_engine(self.inference.engine)
+        return [
             TokenPolicy(
                 url,
-                served_name,
-                tokenizer,
+                self.served_name,
+                self.tokenizer,
                 max_tokens=inference.max_tokens,
                 temperature=inference.temperature,
                 top_p=inference.top_p,
@@ -271,20 +293,26 @@ class RolloutWorkerActor:
             )
             for url in base_urls
         ]
-        self.worker = RolloutWorker(
-            env,
-            policies,
-            RayBuffer(buffer),
-            max_concurrent_groups=max_concurrent_groups,
-            worker_id=worker_id,
-            exclude_task_ids=exclude_task_ids,
-        )
 
     async def run(self) -> WorkerStats:
         return await self.worker.run()
 
     async def stop(self) -> None:
         self.worker.stop()
+
+    async def pause(self) -> list[int]:
+        """:meth:`RolloutWorker.pause`: the tasks in flight go back to the buffer."""
+        return await self.worker.pause()
+
+    async def resume(self, base_urls: list[str]) -> None:
+        """:meth:`RolloutWorker.resume` on the servers at ``base_urls``."""
+        old = self.worker.policies
+        self.worker.resume(self._policies(base_urls))
+        for policy in old:  # their connections went to the servers of before
+            close = getattr(policy, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
 
     async def stats(self) -> WorkerStats:
         return self.worker.stats

@@ -10,7 +10,7 @@ import pytest
 
 from areal_agents.errors import ClusterUnreachableError, ConfigError
 from areal_agents.net import free_port
-from areal_agents.trainers.cluster import bootstrap_endpoint, spread, wait_for_port
+from areal_agents.trainers.cluster import bootstrap_endpoint, wait_for_port
 from areal_agents.trainers.config import RayConfig
 from areal_agents.trainers.runtime import start_ray
 
@@ -59,7 +59,3 @@ def test_an_address_without_port_is_refused_with_the_forms_accepted() -> None:
 def test_the_timeout_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="connect_timeout_s"):
         RayConfig(connect_timeout_s=0)
-
-
-def test_spread_changes_nothing_on_a_local_run() -> None:
-    assert spread(False, 3) == {}

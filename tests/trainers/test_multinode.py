@@ -61,6 +61,7 @@ def test_a_run_attached_to_a_two_node_cluster_uses_both_nodes(cluster: Any, tmp_
         "trainer.rollout_workers=2",
         "inference.max_tokens=8",
         "inference.weight_sync=auto",  # object_store on a cluster
+        "ray.placement_strategy=SPREAD",  # PACK (the default) would fit it on one node
         "log.progress=false",
         "log.tensorboard=false",
         f"ray.address={cluster.address}",
