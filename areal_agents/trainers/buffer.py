@@ -33,6 +33,11 @@ admission and training), so :meth:`TrajectoryBuffer.pop_batch` decides from per-
 and list ends: a call that finds no batch costs O(distinct deadlines), about ``η + 2``, however
 many episodes are in flight, and taking a batch costs O(G) (``benchmarks/buffer_scale.py``).
 
+**Faults.** A task is admitted to a *holder* (a rollout worker, under the name it uses now):
+:meth:`TrajectoryBuffer.requeue` takes back the tasks of a worker that died (or of every
+worker, when a server died under their episodes) and admits them again, first, before any new
+task; a group a superseded holder hands back late is ignored, so no task is trained twice.
+
 The class is plain Python (tests use it directly); the trainer wraps it as a Ray actor.
 
 >>> buf = TrajectoryBuffer(groups_per_step=2, max_staleness=0)
@@ -49,12 +54,12 @@ import heapq
 import itertools
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.data import TaskRef, TaskStream
-from areal_agents.types import Trajectory, TrajectoryMetadata
+from areal_agents.trainers.groups import Group, trajectory_from_dict, trajectory_to_dict
+from areal_agents.types import Trajectory
 
 __all__ = [
     "BatchOrder",
@@ -66,78 +71,6 @@ __all__ = [
 
 BatchOrder = Literal["ready", "admission"]
 """How :meth:`TrajectoryBuffer.pop_batch` chooses a batch (see the module docstring)."""
-
-
-@dataclass
-class Group:
-    """All usable samples of one task, plus what the rollout recorded about them."""
-
-    task: TaskRef
-    admitted_version: int
-    trajectories: list[Trajectory]
-    dropped_episodes: int = 0
-    transcripts: list[dict[str, Any]] = field(default_factory=list)
-    stats: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def rewards(self) -> list[float]:
-        return [t.reward for t in self.trajectories]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task": {"index": self.task.index, "seed": self.task.seed},
-            "admitted_version": self.admitted_version,
-            "trajectories": [trajectory_to_dict(t) for t in self.trajectories],
-            "dropped_episodes": self.dropped_episodes,
-            "transcripts": self.transcripts,
-            "stats": self.stats,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Group:
-        return cls(
-            task=TaskRef(int(data["task"]["index"]), int(data["task"]["seed"])),
-            admitted_version=int(data["admitted_version"]),
-            trajectories=[trajectory_from_dict(t) for t in data["trajectories"]],
-            dropped_episodes=int(data.get("dropped_episodes", 0)),
-            transcripts=list(data.get("transcripts", [])),
-            stats=dict(data.get("stats", {})),
-        )
-
-
-def trajectory_to_dict(traj: Trajectory) -> dict[str, Any]:
-    """A JSON-able dict of a trajectory."""
-    return {
-        "sequence_ids": list(traj.sequence_ids),
-        "loss_mask": list(traj.loss_mask),
-        "behavior_logprobs": list(traj.behavior_logprobs),
-        "versions": list(traj.versions),
-        "reward": traj.reward,
-        "group_id": traj.group_id,
-        "task_id": traj.task_id,
-        "num_turns": traj.num_turns,
-        "terminated": traj.terminated,
-        "truncated": traj.truncated,
-        "metadata": traj.metadata.to_dict(),
-    }
-
-
-def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
-    """The inverse of :func:`trajectory_to_dict`."""
-    return Trajectory(
-        # "token_ids": checkpoints written before the field was named sequence_ids
-        sequence_ids=tuple(data["sequence_ids"] if "sequence_ids" in data else data["token_ids"]),
-        loss_mask=tuple(data["loss_mask"]),
-        behavior_logprobs=tuple(data["behavior_logprobs"]),
-        versions=tuple(data["versions"]),
-        reward=float(data["reward"]),
-        group_id=str(data["group_id"]),
-        task_id=str(data.get("task_id", "")),
-        num_turns=int(data.get("num_turns", 0)),
-        terminated=bool(data.get("terminated", True)),
-        truncated=bool(data.get("truncated", False)),
-        metadata=TrajectoryMetadata.from_dict(data.get("metadata", {})),
-    )
 
 
 class TrajectoryBuffer:
@@ -186,6 +119,7 @@ class TrajectoryBuffer:
         self.closed = False
         self._redo: list[TaskRef] = []  # in flight at the last checkpoint: run these first
         self._inflight: dict[int, tuple[TaskRef, int]] = {}
+        self._holder: dict[int, str] = {}  # in-flight index -> who runs it (when named)
         self._ready: dict[int, Group] = {}
         # Indexes over the admitted groups (in flight or ready; not the tasks to redo), so that
         # a pop costs O(G + distinct deadlines), not O(pending): every admitted index in order;
@@ -202,6 +136,7 @@ class TrajectoryBuffer:
             "filtered_groups": 0,
             "admitted_groups": 0,
             "reordered_batches": 0,  # batches that passed over an older, unfinished group
+            "requeued_groups": 0,  # taken back from a dead worker or server, admitted again
         }
 
     # ---- admission -------------------------------------------------------------------------
@@ -214,14 +149,17 @@ class TrajectoryBuffer:
         used = self.trained_groups + len(self._inflight) + len(self._ready)
         return max(0, limit - used)
 
-    def admit(self, max_tasks: int = 1) -> list[tuple[TaskRef, int]]:
-        """Up to ``max_tasks`` tasks to start now, each with the server version it starts under."""
+    def admit(self, max_tasks: int = 1, holder: str | None = None) -> list[tuple[TaskRef, int]]:
+        """Up to ``max_tasks`` tasks to start now, each with the server version it starts under
+        (``holder``: who runs them, for :meth:`requeue` and :meth:`complete`)."""
         if self.closed:
             return []
         out: list[tuple[TaskRef, int]] = []
         for _ in range(min(max_tasks, self.capacity())):
             ref = self._redo.pop(0) if self._redo else self.stream.next()
             self._inflight[ref.index] = (ref, self.version)
+            if holder is not None:
+                self._holder[ref.index] = holder
             self._index(ref.index, self.version + self.max_staleness)
             self.counters["admitted_groups"] += 1
             out.append((ref, self.version))
@@ -235,12 +173,17 @@ class TrajectoryBuffer:
         dropped_episodes: int = 0,
         transcripts: Sequence[dict[str, Any]] = (),
         stats: Mapping[str, float] | None = None,
+        holder: str | None = None,
     ) -> str:
         """Hand back the finished group of task ``index``; returns "ready", "dropped" or
-        "filtered" (an unknown index — e.g. a task from before a restart — is "ignored")."""
+        "filtered". An unknown index (a task from before a restart, or taken back by
+        :meth:`requeue`) and a group from a holder the task no longer has are "ignored"."""
+        if holder is not None and self._holder.get(index, holder) != holder:
+            return "ignored"
         entry = self._inflight.pop(index, None)
         if entry is None:
             return "ignored"
+        self._holder.pop(index, None)
         ref, version = entry
         deadline = version + self.max_staleness
         self.counters["dropped_episodes"] += dropped_episodes
@@ -265,6 +208,26 @@ class TrajectoryBuffer:
             stats=dict(stats or {}),
         )
         return "ready"
+
+    def requeue(self, holder_prefix: str | None = None) -> list[int]:
+        """Take back the tasks in flight (those whose holder starts with ``holder_prefix``;
+        None: all) and admit them again before any new task; returns their indices.
+
+        For a rollout worker that died, or every worker when a server died under their
+        episodes: what they generated is lost, the tasks are not (and were never trained).
+        """
+        taken = [
+            i
+            for i in sorted(self._inflight)
+            if holder_prefix is None or self._holder.get(i, "").startswith(holder_prefix)
+        ]
+        for i in taken:
+            ref, version = self._inflight.pop(i)
+            self._holder.pop(i, None)
+            self._unindex(i, version + self.max_staleness)
+            bisect.insort(self._redo, ref)
+        self.counters["requeued_groups"] += len(taken)
+        return taken
 
     # ---- consumption -----------------------------------------------------------------------
 
@@ -480,7 +443,7 @@ class TrajectoryBuffer:
         self.version = int(state["version"])
         self.trained_groups = int(state["trained_groups"])
         self._redo = [TaskRef(int(r["index"]), int(r["seed"])) for r in state["redo"]]
-        self._inflight = {}
+        self._inflight, self._holder = {}, {}
         self._ready = {int(g["task"]["index"]): Group.from_dict(g) for g in state["ready"]}
         self._order, self._by_deadline, self._ready_by_deadline = [], {}, {}
         self._ready_order = sorted(self._ready)

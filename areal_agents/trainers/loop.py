@@ -16,11 +16,18 @@ time left covers the longest step so far, so that the run ends within its budget
 either way the last step is checkpointed and ``summary.json`` gives the ``stop_reason``. On the
 way a checkpoint is saved every ``trainer.checkpoint_interval_s`` seconds (and every
 ``trainer.checkpoint_every`` steps if set), and on SIGTERM/SIGINT after the current step.
+
+Before anything loads, the run's actors must fit: one placement group holds a bundle per
+learner rank, server and rollout worker (``trainers/placement.py``), or the run fails with
+what it needs and what the cluster has. While it runs, a :class:`Supervisor` thread restarts
+a server or rollout worker that dies (``trainers/supervisor.py``); a learner rank that dies
+sends the run back to its last checkpoint, by itself once (``trainer.resume=auto``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import time
@@ -28,15 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
-from areal_agents.cpus import check_cpus
-from areal_agents.envs.registry import make_env
-from areal_agents.errors import AgentsError
-from areal_agents.files import read_json, write_json
-from areal_agents.trainers.buffer import Group, TrajectoryBuffer
-from areal_agents.trainers.checkpoint import CheckpointManager, load_rng, save_rng
-from areal_agents.trainers.cluster import spread
+from areal_agents.errors import LearnerLost
+from areal_agents.files import read_json
+from areal_agents.trainers.buffer import TrajectoryBuffer
+from areal_agents.trainers.checkpoint import CheckpointManager, load_rng
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.held_out import (
     closing_screen,
@@ -48,10 +53,21 @@ from areal_agents.trainers.held_out import (
 from areal_agents.trainers.inference import (
     launch_local_servers,
     server_torch_threads,
+    start_server,
     start_servers,
     stop_servers,
 )
 from areal_agents.trainers.learner_group import LearnerGroup
+from areal_agents.trainers.loop_helpers import (
+    buffer_options,
+    check_env,
+    checkpoint_due,
+    make_sync,
+    reserve,
+    save_checkpoint,
+    shutdown,
+    wait_for_batch,
+)
 from areal_agents.trainers.lora import serving_setup
 from areal_agents.trainers.metrics import (
     MetricsLogger,
@@ -60,6 +76,14 @@ from areal_agents.trainers.metrics import (
     write_summary,
 )
 from areal_agents.trainers.modeling import model_source, prepare_model_dir
+from areal_agents.trainers.placement import (
+    Placement,
+    check_local_capacity,
+    local_free,
+    object_store_mb,
+    run_bundles,
+    weights_mb,
+)
 from areal_agents.trainers.report import refresh_report
 from areal_agents.trainers.runtime import (
     RolloutWorkerActor,
@@ -67,7 +91,6 @@ from areal_agents.trainers.runtime import (
     remote_class,
     save_config,
     start_ray,
-    stop_ray,
     stop_workers,
     worker_env,
 )
@@ -75,35 +98,66 @@ from areal_agents.trainers.step_records import (
     print_summary,
     sample_transcripts,
     step_metrics,
-    waiting_postfix,
     write_transcript_viewer,
 )
 from areal_agents.trainers.stop import (
     GracefulStop,
     StartupClock,
     latest_step_start,
-    over,
     rl_budget_s,
 )
+from areal_agents.trainers.supervisor import FaultLog, Supervisor
 from areal_agents.trainers.warm_start import lean_finished_run, run_warm_start, warm_start_info
 from areal_agents.trainers.weight_sync import WeightSync
 
-__all__ = ["train"]
+__all__ = ["buffer_options", "checkpoint_due", "start_workers", "train"]
 
 logger = logging.getLogger(__name__)
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Run (or resume) the training described by ``cfg``; returns the run summary."""
+    """Run (or resume) the training described by ``cfg``; returns the run summary.
+
+    A learner rank that dies ends the step in progress (:class:`LearnerLost`): with
+    ``trainer.resume=auto`` the run resumes from its last checkpoint by itself, once; otherwise,
+    or when it happens again, the run stops with how to resume it.
+    """
+    try:
+        return _train(cfg)
+    except LearnerLost as e:
+        lost = e
+    run_dir, at = getattr(lost, "run_dir", None), getattr(lost, "at", time.time())
+    if cfg.trainer.resume != "auto" or run_dir is None:
+        raise lost
+    print(f"{lost}: resuming from the last checkpoint (trainer.resume=auto)", flush=True)
+    again = dataclasses.replace(cfg, output_dir=str(run_dir))
+    try:
+        return _train(again, lost_at=at)
+    except LearnerLost as e:
+        e.args = (f"{e} (again, after resuming once by itself)",)
+        raise
+
+
+def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
+    """:func:`train` once (``lost_at``: when a learner rank of the run before died)."""
     clock = StartupClock()
     run_dir, resume_from = choose_run_dir(cfg)
     check_env(cfg)
     held_out = held_out_task_ids(cfg)  # never trained on; scored before and after
     model_dir = prepare_model_dir(cfg.model, run_dir)  # the chat-template gate: before Ray
+    on_cluster = bool(cfg.ray.address)
+    # what the actors reserve, and the object store, from the model: checked before any load
+    model_mb = weights_mb(model_dir, cfg.model.dtype)
+    bundles = run_bundles(cfg, model_mb)
+    store_mb = object_store_mb(cfg, model_mb, on_cluster=on_cluster)
+    if not on_cluster:
+        num_cpus = cfg.ray.num_cpus or os.cpu_count() or 1
+        check_local_capacity(bundles, local_free(num_cpus, store_mb), cfg.ray.placement_strategy)
     # what other nodes get: the model's own directory and the template, never the run directory
-    shared_dir, template = model_source(model_dir) if cfg.ray.address else (model_dir, None)
+    shared_dir, template = model_source(model_dir) if on_cluster else (model_dir, None)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir)
+    faults = FaultLog(run_dir)
     # the servers' config and the model the clients name (with LoRA on vLLM: the adapter)
     serving, client_model = serving_setup(cfg, model_dir, run_dir)
     ckpt = CheckpointManager(run_dir / "checkpoints", keep=cfg.trainer.keep_checkpoints)
@@ -121,9 +175,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     workers: list[Any] = []
     runs: list[Any] = []
     sync: WeightSync | None = None
+    placement: Placement | None = None
+    supervisor: Supervisor | None = None
     started_ray = False
+    step = 0
     try:
-        if not cfg.ray.address:  # local servers load the model while Ray starts
+        if not on_cluster:  # local servers load the model while Ray starts
             os.environ.update({k: v for k, v in worker_env().items() if k not in os.environ})
             servers = launch_local_servers(serving, model_dir, "policy", run_dir / "logs")
         # a fresh run's supervised warm start (while the servers load the base model): the
@@ -131,26 +188,32 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         warm = run_warm_start(cfg, model_dir, run_dir, held_out) if resume_from is None else None
         learner_dir = run_dir / "warm_start" if warm else shared_dir  # weights only: no template
         clock.mark("warm_start_s")
-        started_ray = start_ray(cfg.ray)
+        started_ray = start_ray(cfg.ray, object_store_mb=store_mb)
         stop.install()
+        placement = reserve(cfg, bundles)
         clock.mark("ray_s")
+        on_nodes = placement if on_cluster else None  # local servers are this process's children
         # ---- set-up: learners (loading meanwhile), servers, buffer; restore the checkpoint --
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learners") as pool:
-            building = pool.submit(LearnerGroup, cfg, learner_dir)
+            building = pool.submit(LearnerGroup, cfg, learner_dir, placement)
             servers = start_servers(
                 serving,
                 shared_dir,
                 "policy",
-                on_cluster=bool(cfg.ray.address),
+                placement=on_nodes,
                 log_dir=run_dir / "logs",
                 launched=servers,
                 chat_template=template,
             )
             clock.mark("servers_s")
-            buffer = (
-                remote_class(TrajectoryBuffer).options(num_cpus=0).remote(**buffer_options(cfg))
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), False)
+            buffer = (  # on the driver's node: it lives as long as the run
+                remote_class(TrajectoryBuffer)
+                .options(num_cpus=0, scheduling_strategy=here)
+                .remote(**buffer_options(cfg))
             )
             base = None
+            served_dir = shared_dir  # what a restarted server loads before its weights
             if warm:  # the base model first, then servers on the warm-started one (version 0)
                 base = held_out_before(cfg, servers, run_dir, client_model, fresh=True, name="base")
                 clock.mark("eval_base_s")
@@ -160,9 +223,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     serving,
                     learner_dir,
                     "policy",
-                    on_cluster=bool(cfg.ray.address),
+                    placement=on_nodes,
                     log_dir=run_dir / "logs",
                 )
+                served_dir = learner_dir
                 clock.mark("servers_warm_s")
             elif resume_from is not None:
                 base = held_out_before(
@@ -171,9 +235,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             before = held_out_before(cfg, servers, run_dir, client_model, fresh=resume_from is None)
             clock.mark("eval_before_s")
 
-            def start_rollouts() -> tuple[list[Any], list[Any]]:
-                """The rollout workers on the servers in use, each already running."""
-                started = start_workers(
+            def new_worker(index: int, incarnation: int, urls: list[str]) -> Any:
+                """Rollout worker ``index`` in its bundle, on the servers at ``urls``."""
+                return start_workers(
                     cfg,
                     servers,
                     shared_dir,
@@ -181,11 +245,20 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     held_out or frozenset(),
                     template,
                     model=client_model,
-                )
-                return started, [w.run.remote() for w in started]
+                    placement=placement,
+                    only=(index, incarnation, urls),
+                )[0]
+
+            def start_rollouts() -> None:
+                """The rollout workers on the servers in use, each already running."""
+                assert placement is not None
+                for i in range(cfg.trainer.rollout_workers):
+                    near = placement.servers_near(i, len(servers))
+                    workers.append(new_worker(i, 0, [str(servers[j].base_url) for j in near]))
+                runs.extend(w.run.remote() for w in workers)
 
             if resume_from is None:  # a fresh run: the first rollouts overlap the learners' load
-                workers, runs = start_rollouts()
+                start_rollouts()
             learners = building.result()
         clock.mark("learners_s")  # the part of the learners' load that servers did not overlap
         threads = {
@@ -193,7 +266,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "servers": server_torch_threads(servers),
         }
         sync = make_sync(cfg, servers, run_dir)
-        step, elapsed_before = 0, 0.0
+        elapsed_before = 0.0
         if resume_from is not None:
             step = learners.load_checkpoint(resume_from / "learner")
             ray.get(buffer.load_state_dict.remote(state=read_json(resume_from / "buffer.json")))
@@ -202,7 +275,33 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             sync.push(learners, step)  # the servers start from the base weights
             ray.get(buffer.set_version.remote(version=step))
             # ---- rollout workers generate in the background from here on -----------------
-            workers, runs = start_rollouts()
+            start_rollouts()
+        if lost_at is not None:  # the loss of the run before, now that it is back
+            resumed = resume_from.name if resume_from else None
+            restart_s = round(time.time() - lost_at, 3)
+            faults.record("learner", step=step, resumed_from=resumed, restart_s=restart_s)
+        supervisor = Supervisor(
+            servers=servers,
+            sync=sync,
+            buffer=buffer,
+            placement=placement,
+            start_server=lambda i: start_server(
+                serving,
+                served_dir,
+                "policy",
+                i,
+                placement=on_nodes,
+                log_dir=run_dir / "logs",
+                chat_template=template,
+            ),
+            start_worker=new_worker,
+            workers=workers,
+            runs=runs,
+            max_restarts=cfg.ray.max_restarts,
+            faults=faults,
+            step=lambda: step,
+            placement_timeout_s=cfg.ray.placement_timeout_s,
+        ).start()
         log = MetricsLogger(run_dir, cfg.log, resume_step=step)
 
         start = time.perf_counter() - elapsed_before
@@ -232,7 +331,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         while step < cfg.trainer.total_steps:
             t0 = time.perf_counter()
             last_start = latest_step_start(deadline, longest_step_s)
-            groups = None if stop.requested else wait_for_batch(buffer, runs, bar, last_start, stop)
+            groups = (
+                None
+                if stop.requested
+                else wait_for_batch(buffer, supervisor, bar, last_start, stop)
+            )
             if groups is None:  # a signal, or too little of the time budget left for a step
                 stop_reason = stop.name or "time_budget"
                 break
@@ -263,6 +366,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             metrics = step_metrics(step, groups, learn, stats, times)
             metrics["server/weight_version"] = min(sync.served_versions)
             metrics.update(health_metrics(trajectories, stats_before, stats))
+            metrics.update({f"restarts/{k}": v for k, v in faults.counts().items()})
             log.log(step, metrics)
             log.transcripts(step, sample_transcripts(groups, cfg.log.transcripts_per_step))
             refresh_report(run_dir)  # runs/<name>/report.html, replaced atomically
@@ -276,6 +380,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         sync.join()  # the last version is served before the checkpoint and the evaluation
         if step != last_ckpt:  # stopped early: the last step is saved as at a normal end
             save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
+        supervisor.stop()  # from here on a death ends the run (the evaluation has the servers)
+        supervisor.raise_if_failed()
         bar.close()
         log.close()
         if stop.requested:
@@ -330,6 +436,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 "total_s": round(time.time() - clock.process_start, 3),
                 "eval_s": round(eval_s + time.perf_counter() - eval_start, 3),
             },
+            "restarts": faults.counts(),
         }
         summary = write_summary(run_dir, extra)
         write_transcript_viewer(run_dir, summary)
@@ -337,57 +444,25 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         print_summary(summary)
         print(closing_screen(summary))
         return summary
+    except LearnerLost as e:
+        last = ckpt.latest()
+        e.run_dir, e.at = run_dir, time.time()  # type: ignore[attr-defined]
+        e.args = (
+            f"{e} during step {step + 1}: that step is lost; the run's last checkpoint is "
+            f"{last.name if last else 'none (it starts over)'}. To resume: run the same command "
+            f"with output_dir={run_dir} trainer.resume=auto",
+        )
+        raise
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         if sync is not None:
             sync.close()  # the weights it staged in shared memory (weight_sync=object_store)
-        shutdown(workers, runs, learners, servers, started_ray)
+        shutdown(workers, runs, learners, servers, started_ray, placement)
         stop.uninstall()
 
 
 # ---- helpers the loop names ----------------------------------------------------------------
-
-
-def check_env(cfg: TrainConfig) -> None:
-    """Build the environment once so that a bad name or argument fails before anything starts;
-    on a local run, check the CPU placement against this machine's cores."""
-    env = make_env(cfg.env.name, **cfg.env.make_kwargs())
-    env.close()
-    if not cfg.ray.address:  # on a cluster the cores are those of other machines
-        check_cpus(cfg.trainer.learner_cpus, "trainer.learner_cpus")
-        check_cpus(cfg.inference.cpus, "inference.cpus")
-
-
-def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
-    """The :class:`TrajectoryBuffer` the run's config asks for, as keyword arguments."""
-    return {
-        "groups_per_step": cfg.trainer.groups_per_step,
-        "max_staleness": cfg.trainer.effective_max_staleness,
-        "data_seed": cfg.trainer.seed,
-        "dynamic_sampling": cfg.algo.dynamic_sampling,
-        "batch_order": cfg.trainer.batch_order,
-        # nothing is admitted that the run would never train (the last steps drain the rest)
-        "total_groups": cfg.trainer.total_steps * cfg.trainer.groups_per_step,
-    }
-
-
-def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bool:
-    """Whether step ``step`` is checkpointed: every ``trainer.checkpoint_every`` steps (0:
-    not by count), once ``trainer.checkpoint_interval_s`` seconds have passed since the last
-    checkpoint (``since_last_s``), and always the last one."""
-    every, interval = cfg.trainer.checkpoint_every, cfg.trainer.checkpoint_interval_s
-    by_time = interval is not None and since_last_s >= interval
-    return bool(every and step % every == 0) or by_time or step == cfg.trainer.total_steps
-
-
-def make_sync(cfg: TrainConfig, servers: list[Any], run_dir: Path) -> WeightSync:
-    """How the learners' weights reach the servers (``<run>/weights`` on a local run)."""
-    return WeightSync(
-        cfg.inference,
-        servers,
-        run_dir / "weights",
-        lora=cfg.model.lora,
-        on_cluster=bool(cfg.ray.address),
-    )
 
 
 def start_workers(
@@ -398,19 +473,23 @@ def start_workers(
     exclude_task_ids: frozenset[str] = frozenset(),
     chat_template: str | None = None,
     model: str = "policy",
+    placement: Placement | None = None,
+    only: tuple[int, int, list[str]] | None = None,
 ) -> list[Any]:
-    """The rollout workers (Ray actors); each applies ``chat_template`` on its own node."""
+    """The rollout workers (Ray actors, each in its bundle of ``placement``) on ``servers``;
+    each applies ``chat_template`` on its own node. ``only=(index, incarnation, urls)``: that
+    one worker, on the servers at ``urls`` (a restart)."""
     urls = [str(s.base_url) for s in servers]
+    todo = [only] if only else [(i, 0, urls) for i in range(cfg.trainer.rollout_workers)]
     actor = remote_class(RolloutWorkerActor)
     return [
         actor.options(
-            num_cpus=cfg.ray.actor_cpus,
             max_concurrency=16,
-            **spread(bool(cfg.ray.address), i, cfg.ray.actor_cpus),
+            **(placement.options("rollout_worker", i) if placement else {}),
         ).remote(
             env=cfg.env,
             inference=cfg.inference,
-            base_urls=urls,
+            base_urls=worker_urls,
             model_dir=str(model_dir),
             served_name=model,
             buffer=buffer,
@@ -418,63 +497,7 @@ def start_workers(
             max_concurrent_groups=cfg.trainer.concurrent_groups,
             exclude_task_ids=exclude_task_ids,
             chat_template=chat_template,
+            incarnation=incarnation,
         )
-        for i in range(cfg.trainer.rollout_workers)
+        for i, incarnation, worker_urls in todo
     ]
-
-
-def wait_for_batch(
-    buffer: Any,
-    runs: list[Any],
-    bar: Any,
-    deadline: float | None = None,
-    stop: GracefulStop | None = None,
-    poll_s: float = 0.2,
-) -> list[Group] | None:
-    """The next batch, or None once ``deadline`` has passed or a stop was requested (no batch
-    is taken after it); fails fast if a rollout worker died instead of waiting forever."""
-    polls = 0
-    while True:
-        if over(deadline) or (stop is not None and stop.requested):
-            return None
-        batch = ray.get(buffer.pop_batch.remote())
-        if batch is not None:
-            return list(batch)
-        finished, _ = ray.wait(runs, timeout=0, num_returns=len(runs))
-        for ref in finished:
-            ray.get(ref)  # re-raises the worker's exception
-            raise AgentsError("a rollout worker stopped while the trainer still needs data")
-        polls += 1
-        if polls % 25 == 0:  # show that generation is moving while the learner waits
-            bar.set_postfix_str(waiting_postfix(ray.get(buffer.stats.remote())))
-        time.sleep(poll_s)
-
-
-def save_checkpoint(
-    ckpt: CheckpointManager, step: int, learners: LearnerGroup, buffer: Any, elapsed_s: float
-) -> Path:
-    """Model, optimizer, scheduler, buffer (cursor, in-flight, ready groups), RNG: atomically."""
-    tmp = ckpt.begin(step)
-    learners.save_checkpoint(tmp / "learner")
-    write_json(tmp / "buffer.json", ray.get(buffer.state_dict.remote()))
-    save_rng(tmp / "rng.pkl")
-    write_json(tmp / "trainer.json", {"step": step, "version": step, "elapsed_s": elapsed_s})
-    return ckpt.commit(tmp, step)
-
-
-def shutdown(
-    workers: list[Any],
-    runs: list[Any],
-    learners: LearnerGroup | None,
-    servers: list[Any],
-    started_ray: bool,
-) -> None:
-    """Stop everything this run started, in reverse order; best effort."""
-    stop_workers(workers, runs)  # workers close their environments (and sandboxes) on return
-    for w in workers:
-        ray.kill(w)
-    if learners is not None:
-        learners.shutdown()
-    stop_servers(servers)
-    if started_ray:
-        stop_ray()

@@ -7,8 +7,14 @@ per-token behaviour log-probs and policy versions. An episode that hits an infra
 (:class:`~areal_agents.errors.InfrastructureError`: sandbox died, endpoint timed out after its
 retries) is retried ``env.episode_retries`` times, then dropped and counted — never scored 0.
 
+Tasks are admitted to the worker's *holder* name (``"<worker id>:<incarnation>.<pause count>/"``).
+:meth:`RolloutWorker.pause` (a server died under the episodes) cancels the groups in flight and
+hands their tasks back to the buffer, which admits them again, first; :meth:`RolloutWorker.resume`
+continues on the servers given, under a new holder name, so that a late group of the old one
+is ignored. A worker that dies has its tasks taken back by the trainer (by its id's prefix).
+
 The class is plain Python; the trainer wraps it as a Ray actor. ``buffer`` is anything with the
-two coroutine methods of :class:`BufferClient`.
+coroutine methods of :class:`BufferClient`.
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ logger = logging.getLogger(__name__)
 class BufferClient(Protocol):
     """How a worker talks to the buffer (in-process or a Ray actor)."""
 
-    async def admit(self, max_tasks: int) -> list[tuple[TaskRef, int]]: ...
+    async def admit(
+        self, max_tasks: int, holder: str | None = None
+    ) -> list[tuple[TaskRef, int]]: ...
 
     async def complete(
         self,
@@ -49,7 +57,10 @@ class BufferClient(Protocol):
         dropped_episodes: int,
         transcripts: list[dict[str, Any]],
         stats: dict[str, float],
+        holder: str | None = None,
     ) -> str: ...
+
+    async def requeue(self, holder_prefix: str) -> list[int]: ...
 
     async def closed(self) -> bool: ...
 
@@ -60,8 +71,8 @@ class LocalBuffer:
     def __init__(self, buffer: TrajectoryBuffer) -> None:
         self.buffer = buffer
 
-    async def admit(self, max_tasks: int) -> list[tuple[TaskRef, int]]:
-        return self.buffer.admit(max_tasks)
+    async def admit(self, max_tasks: int, holder: str | None = None) -> list[tuple[TaskRef, int]]:
+        return self.buffer.admit(max_tasks, holder)
 
     async def complete(
         self,
@@ -70,6 +81,7 @@ class LocalBuffer:
         dropped_episodes: int,
         transcripts: list[dict[str, Any]],
         stats: dict[str, float],
+        holder: str | None = None,
     ) -> str:
         return self.buffer.complete(
             index,
@@ -77,7 +89,11 @@ class LocalBuffer:
             dropped_episodes=dropped_episodes,
             transcripts=transcripts,
             stats=stats,
+            holder=holder,
         )
+
+    async def requeue(self, holder_prefix: str) -> list[int]:
+        return self.buffer.requeue(holder_prefix)
 
     async def closed(self) -> bool:
         return self.buffer.closed
@@ -89,8 +105,8 @@ class RayBuffer:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def admit(self, max_tasks: int) -> list[tuple[TaskRef, int]]:
-        return list(await self.handle.admit.remote(max_tasks=max_tasks))
+    async def admit(self, max_tasks: int, holder: str | None = None) -> list[tuple[TaskRef, int]]:
+        return list(await self.handle.admit.remote(max_tasks=max_tasks, holder=holder))
 
     async def complete(
         self,
@@ -99,6 +115,7 @@ class RayBuffer:
         dropped_episodes: int,
         transcripts: list[dict[str, Any]],
         stats: dict[str, float],
+        holder: str | None = None,
     ) -> str:
         return str(
             await self.handle.complete.remote(
@@ -107,8 +124,12 @@ class RayBuffer:
                 dropped_episodes=dropped_episodes,
                 transcripts=transcripts,
                 stats=stats,
+                holder=holder,
             )
         )
+
+    async def requeue(self, holder_prefix: str) -> list[int]:
+        return list(await self.handle.requeue.remote(holder_prefix=holder_prefix))
 
     async def closed(self) -> bool:
         return bool(await self.handle.is_closed.remote())
@@ -122,6 +143,7 @@ class WorkerStats:
     dropped_episodes: int = 0
     retried_episodes: int = 0
     groups: int = 0
+    abandoned_groups: int = 0
     policy_tokens: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -138,6 +160,8 @@ class RolloutWorker:
         env_factory: builds an environment (default ``make_env(env.name, **env.make_kwargs())``).
         exclude_task_ids: ids of held-out tasks: a task seed that draws one is replaced by the
             next derived seed that does not (:func:`~areal_agents.trainers.data.avoid_tasks`).
+        incarnation: how many times the trainer has started this worker id before (a new
+            worker after a death takes tasks under a name of its own).
     """
 
     def __init__(
@@ -150,6 +174,7 @@ class RolloutWorker:
         worker_id: int = 0,
         env_factory: Callable[[], gym.Env[Any, Any]] | None = None,
         exclude_task_ids: Collection[str] = (),
+        incarnation: int = 0,
     ) -> None:
         if not policies:
             raise ValueError("a rollout worker needs at least one policy")
@@ -165,6 +190,15 @@ class RolloutWorker:
         self._next_policy = 0
         self._stop = asyncio.Event()
         self.stats = WorkerStats()
+        self.incarnation = incarnation
+        self._pauses = 0
+        self._paused = False
+        self._running: set[asyncio.Task[None]] = set()
+
+    @property
+    def holder(self) -> str:
+        """The name tasks are admitted to now (changes at every :meth:`pause`)."""
+        return f"{self.worker_id}:{self.incarnation}.{self._pauses}/"
 
     def _make_env(self) -> gym.Env[Any, Any]:
         from areal_agents.envs.registry import make_env
@@ -176,21 +210,30 @@ class RolloutWorker:
         loop = asyncio.get_running_loop()
         workers = max(8, self.max_concurrent_groups * self.env_cfg.group_size * 2)
         loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(workers))
-        running: set[asyncio.Task[None]] = set()
+        running = self._running
         try:
             while not self._stop.is_set():
+                if self._paused:
+                    await asyncio.sleep(poll_s)
+                    continue
                 free = self.max_concurrent_groups - len(running)
-                admitted = await self.buffer.admit(free) if free > 0 else []
+                holder = self.holder
+                admitted = await self.buffer.admit(free, holder) if free > 0 else []
+                if admitted and holder != self.holder:  # paused meanwhile: hand them back
+                    await self.buffer.requeue(holder)
+                    continue
                 for ref, version in admitted:
-                    running.add(asyncio.create_task(self._group(ref, version)))
+                    running.add(asyncio.create_task(self._group(ref, version, holder)))
                 if not admitted and not running and await self.buffer.closed():
                     break
                 if running:
-                    done, running = await asyncio.wait(
-                        running, timeout=poll_s, return_when=asyncio.FIRST_COMPLETED
+                    done, _ = await asyncio.wait(
+                        set(running), timeout=poll_s, return_when=asyncio.FIRST_COMPLETED
                     )
                     for task in done:
-                        task.result()  # a bug in the worker must surface, not vanish
+                        running.discard(task)
+                        if not task.cancelled():
+                            task.result()  # a bug in the worker must surface, not vanish
                 else:
                     await asyncio.sleep(poll_s)
         finally:
@@ -199,6 +242,28 @@ class RolloutWorker:
             await asyncio.gather(*running, return_exceptions=True)
             await asyncio.to_thread(self.close)
         return self.stats
+
+    async def pause(self) -> list[int]:
+        """Stop admitting, cancel the groups in flight and hand their tasks back to the buffer
+        (which admits them again, first); returns their indices. For a server that died under
+        the episodes: what they generated is lost, the tasks are not."""
+        self._paused = True
+        self._pauses += 1
+        tasks = list(self._running)
+        self._running.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.stats.abandoned_groups += len(tasks)
+        return list(await self.buffer.requeue(f"{self.worker_id}:"))
+
+    def resume(self, policies: Sequence[Policy] | None = None) -> None:
+        """Admit again after :meth:`pause`, on ``policies`` when given (a restarted server)."""
+        if policies is not None:
+            if not policies:
+                raise ValueError("a rollout worker needs at least one policy")
+            self.policies = list(policies)
+        self._paused = False
 
     def stop(self) -> None:
         """Finish soon: stop admitting and cancel what is running."""
@@ -219,7 +284,7 @@ class RolloutWorker:
         except Exception:
             logger.warning("shutting down the sandboxes failed", exc_info=True)
 
-    async def _group(self, ref: TaskRef, version: int) -> None:
+    async def _group(self, ref: TaskRef, version: int, holder: str | None = None) -> None:
         start = time.perf_counter()
         results = await asyncio.gather(
             *(self._episode(ref, k) for k in range(self.env_cfg.group_size))
@@ -236,7 +301,7 @@ class RolloutWorker:
             "policy_tokens": float(sum(t.num_policy_tokens for t in trajectories)),
         }
         self.stats.groups += 1
-        await self.buffer.complete(ref.index, trajectories, dropped, transcripts, stats)
+        await self.buffer.complete(ref.index, trajectories, dropped, transcripts, stats, holder)
 
     async def _episode(self, ref: TaskRef, sample: int) -> tuple[Trajectory | None, Episode | None]:
         """One sample of task ``ref``; ``(None, None)`` when it is dropped."""
@@ -247,6 +312,10 @@ class RolloutWorker:
             try:
                 seed = avoid_tasks(env, ref.seed, self.exclude_task_ids)
                 episode = await run_episode(env, policy, seed=seed)
+            except asyncio.CancelledError:  # paused or stopped: the environment goes with it
+                self._envs.discard(env)
+                _close_quietly(env)
+                raise
             except InfrastructureError as e:
                 kind = type(e).__name__
                 self.stats.errors[kind] = self.stats.errors.get(kind, 0) + 1

@@ -42,9 +42,13 @@ __all__ = ["VLLM_TRANSFER", "PendingPush", "WeightSync"]
 VLLM_TRANSFER = ("nccl", "ipc")
 """``weight_sync`` modes that are vLLM's own weight transfer, driven from the learner ranks."""
 
-_Call = tuple[Callable[..., None], Any]
-"""One server's half of a push: ``(update, argument)``, run as ``update(argument, version,
-timeout)``."""
+_Call = tuple[list[InferenceServer], Callable[..., None], Any]
+"""One part of the servers' half of a push: ``(the servers it loads, update, argument)``, run
+as ``update(argument, version, timeout)``."""
+
+_Calls = Callable[[list[InferenceServer]], list[_Call]]
+"""The servers' half of one version, for any list of servers: what a push loads into every
+server, and what a restarted server is loaded with again (:meth:`WeightSync.reload`)."""
 
 
 def _adapter_push(server: InferenceServer, scaling: float) -> Callable[..., None]:
@@ -116,8 +120,12 @@ class WeightSync:
         lora: LoraConfig | None = None,
         *,
         on_cluster: bool = False,
+        alive: Callable[[InferenceServer], bool] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.alive = alive or (lambda server: True)
+        """Whether a server still runs (``trainers/inference.py:server_alive``): a push passes
+        over one that died."""
         self.mode = cfg.resolved_weight_sync(on_cluster)
         self.lora = lora if lora is not None and lora.enabled else None
         """With LoRA on, each push sends only the adapter (the servers keep the base)."""
@@ -132,44 +140,49 @@ class WeightSync:
         self._transfer_ready = False
         self._loader: ShmLoader | None = None  # object_store: the staged file of local servers
         self._pending: PendingPush | None = None  # the loop's push in flight (push_step)
+        self._latest: tuple[int, _Calls] | None = None  # the newest version, for reload()
         # the servers' halves, one at a time, in the order the pushes started
         self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="push")
         if self.mode not in self._MODES:
             raise WeightSyncError(f"unknown inference.weight_sync={self.mode!r}")
 
-    # ---- the learner's half of each mode: ``fn(learners, version) -> calls``, one
-    # ``(update, argument)`` per server for the servers' half
+    # ---- the learner's half of each mode: ``fn(learners, version) -> calls``, the servers'
+    # half for any servers (:data:`_Calls`); the learners are not needed for it
 
-    def _adapter_calls(self, learners: Any, version: int) -> list[_Call]:
+    def _adapter_calls(self, learners: Any, version: int) -> _Calls:
         """The LoRA adapter only, merged by each server onto its base."""
         assert self.lora is not None
         adapter, scaling = learners.adapter_state(), self.lora.scaling
-        return [(_adapter_push(s, scaling), adapter) for s in self.servers]
+        return lambda servers: [([s], _adapter_push(s, scaling), adapter) for s in servers]
 
-    def _disk_calls(self, learners: Any, version: int) -> list[_Call]:
+    def _disk_calls(self, learners: Any, version: int) -> _Calls:
         target = self.weights_dir / f"v{version:06d}"
-        learners.export_weights(target)
-        return [(s.update_weights_from_disk, str(target)) for s in self.servers]
+        learners.export_weights(target)  # kept until a later version is served
+        return lambda servers: [([s], s.update_weights_from_disk, str(target)) for s in servers]
 
-    def _object_store_calls(self, learners: Any, version: int) -> list[_Call]:
+    def _object_store_calls(self, learners: Any, version: int) -> _Calls:
         """The weights are staged on each server's node: by the host actor of a server on a
         cluster node (one staged file per server), here for all the servers this process
         started (one file for them all)."""
         refs = [learners.state_ref()]  # in a list: Ray passes it on unresolved
-        hosted = [s for s in self.servers if hasattr(s, "update_weights_from_ref")]
-        calls: list[_Call] = [(s.update_weights_from_ref, refs) for s in hosted]
-        local = [s for s in self.servers if not hasattr(s, "update_weights_from_ref")]
-        if local:
-            if self._loader is None:
-                self._loader = ShmLoader()
-            calls.append((functools.partial(self._loader.load, local), refs))
+
+        def calls(servers: list[InferenceServer]) -> list[_Call]:
+            hosted = [s for s in servers if hasattr(s, "update_weights_from_ref")]
+            out: list[_Call] = [([s], s.update_weights_from_ref, refs) for s in hosted]
+            local = [s for s in servers if not hasattr(s, "update_weights_from_ref")]
+            if local:
+                if self._loader is None:
+                    self._loader = ShmLoader()
+                out.append((local, functools.partial(self._loader.load, local), refs))
+            return out
+
         return calls
 
-    def _state_dict_calls(self, learners: Any, version: int) -> list[_Call]:
+    def _state_dict_calls(self, learners: Any, version: int) -> _Calls:
         state = learners.full_state()
-        return [(s.update_weights_from_state_dict, state) for s in self.servers]
+        return lambda servers: [([s], s.update_weights_from_state_dict, state) for s in servers]
 
-    def _vllm_transfer_calls(self, learners: Any, version: int) -> list[_Call]:
+    def _vllm_transfer_calls(self, learners: Any, version: int) -> _Calls:
         """vLLM's own transfer: the learner ranks send; one call for all servers (run before
         :meth:`start` returns: the learners take part in it)."""
 
@@ -189,9 +202,9 @@ class WeightSync:
             finally:
                 _resume_all(self.servers)
 
-        return [(send, None)]
+        return lambda servers: [(list(servers), send, None)]
 
-    _MODES: ClassVar[dict[str, Callable[[WeightSync, Any, int], list[_Call]]]] = {
+    _MODES: ClassVar[dict[str, Callable[[WeightSync, Any, int], _Calls]]] = {
         "disk": _disk_calls,
         "object_store": _object_store_calls,
         "state_dict": _state_dict_calls,
@@ -215,7 +228,11 @@ class WeightSync:
             calls = self._adapter_calls(learners, version)
         else:
             calls = self._MODES[self.mode](self, learners, version)
-        future = self._background.submit(self._load, calls, version, start, on_served)
+        self._latest = (version, calls)
+        targets = list(self.servers)
+        future = self._background.submit(
+            self._load, calls(targets), targets, version, start, on_served
+        )
         pending = PendingPush(version, future, timeout + 2 * self.grace_s)
         if self.lora is None and self.mode in VLLM_TRANSFER:
             pending.wait()  # the learners send it themselves: nothing to overlap
@@ -249,37 +266,73 @@ class WeightSync:
         if pending is not None:
             pending.wait()
 
+    def reload(self, indices: list[int]) -> int:
+        """Load the newest version pushed into the servers at ``indices`` (restarted ones),
+        after any push in progress, without the learners; returns that version (0, and nothing
+        loaded, before the first push: the servers start with version 0's weights)."""
+        if self.lora is None and self.mode in VLLM_TRANSFER:
+            raise WeightSyncError(
+                f"inference.weight_sync={self.mode}: a restarted server cannot be given the "
+                "current weights (vLLM's transfer group is set up once, with every server); "
+                "use inference.weight_sync=disk or object_store for runs that restart servers"
+            )
+        future = self._background.submit(self._reload, indices)
+        return future.result(timeout=self.cfg.weight_sync_timeout_s + 2 * self.grace_s)
+
+    def _reload(self, indices: list[int]) -> int:
+        if self._latest is None:
+            return 0
+        version, calls = self._latest
+        targets = [self.servers[i] for i in indices]
+        self._load(calls(targets), targets, version, time.perf_counter(), None, push=False)
+        return version
+
+    def _gone(self, servers: list[InferenceServer]) -> bool:
+        """Whether any of ``servers`` died or was replaced (its restart loads the version)."""
+        return any(not any(s is now for now in self.servers) or not self.alive(s) for s in servers)
+
     def _load(
         self,
         calls: list[_Call],
+        targets: list[InferenceServer],
         version: int,
         start: float,
         on_served: Callable[[int], Any] | None,
+        *,
+        push: bool = True,
     ) -> float:
         """The servers' half: every call at once, with a time limit; then the check that each
-        server serves ``version``."""
+        server of ``targets`` serves ``version``. A server that died meanwhile is passed over:
+        its restart loads the newest version (:meth:`reload`)."""
         timeout = self.cfg.weight_sync_timeout_s
-        pool = concurrent.futures.ThreadPoolExecutor(len(calls), thread_name_prefix="push")
+        pool = concurrent.futures.ThreadPoolExecutor(max(1, len(calls)), thread_name_prefix="push")
         try:
-            futures = [pool.submit(fn, arg, version, timeout) for fn, arg in calls]
+            futures = {pool.submit(fn, arg, version, timeout): who for who, fn, arg in calls}
             done, pending = concurrent.futures.wait(futures, timeout=timeout + self.grace_s)
-            if pending:
+            if any(not self._gone(futures[f]) for f in pending):
                 raise WeightSyncError(
                     f"weight version {version}: {len(pending)} server(s) did not answer within "
                     f"{timeout}s (inference.weight_sync_timeout_s)"
                 )
             for f in done:
                 error = f.exception()
-                if error is not None:
-                    if isinstance(error, WeightSyncError):
-                        raise error
-                    raise WeightSyncError(f"weight version {version}: {error}") from error
+                if error is None or self._gone(futures[f]):
+                    continue
+                if isinstance(error, WeightSyncError):
+                    raise error
+                raise WeightSyncError(f"weight version {version}: {error}") from error
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # never wait on a stuck server
-        served = [int(s.weight_version()) for s in self.servers]
-        if any(v != version for v in served):
-            raise WeightSyncError(f"pushed weight version {version} but the servers serve {served}")
-        self.served_versions = served
+        served = {id(s): int(s.weight_version()) for s in targets if not self._gone([s])}
+        if any(v != version for v in served.values()):
+            raise WeightSyncError(
+                f"pushed weight version {version} but the servers serve {list(served.values())}"
+            )
+        for i, s in enumerate(self.servers):
+            if id(s) in served:
+                self.served_versions[i] = version
+        if not push:
+            return 0.0
         if self.mode == "disk" and self.lora is None:
             for old in self.weights_dir.glob("v*"):
                 if old.name != f"v{version:06d}":
