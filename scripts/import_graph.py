@@ -22,7 +22,7 @@ PACKAGE = ROOT / "areal_agents"
 #: The layers, bottom first: a part may import its own layer's parts below it in this list,
 #: and lower layers; never a higher one. ``areal_agents`` itself is its ``__init__``.
 LAYERS: list[list[str]] = [
-    ["errors", "types", "net", "cpus"],  # contracts
+    ["errors", "types", "net", "cpus", "stats"],  # contracts (stats: intervals, no torch)
     ["files", "config_values", "config", "cli"],
     ["sandboxes"],
     ["policies"],  # OpenAI-compatible clients: contracts only below; rewards' LLM judge uses them

@@ -348,8 +348,9 @@ class LogConfig:
 class HeldOutConfig:
     """Held-out evaluation: the same tasks scored before training and at the end."""
 
-    held_out_tasks: int = 64
-    """Held-out tasks (0: no evaluation). Task ``i`` is the one ``env.reset(seed=seed + i)``
+    held_out_tasks: int = 128
+    """Held-out tasks (0: no evaluation); 128 resolve a paired change of about 10 points (the
+    closing screen's interval). Task ``i`` is the one ``env.reset(seed=seed + i)``
     draws, as in ``python -m areal_agents.eval``; training never draws a task with one of their
     ids. Each is played once (at ``eval.temperature``), with ``inference.max_tokens`` per turn,
     against the trainer's own server: before the first step (the base weights) and after the

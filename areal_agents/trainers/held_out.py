@@ -9,6 +9,11 @@ once per task at ``eval.temperature`` (greedy by default), with the training's p
 limit: before the first step and after the last, into ``<run>/eval/before`` and
 ``<run>/eval/after`` (each with its ``summary.json``, ``transcripts.jsonl`` and ``index.html``
 viewer).
+
+The change between two of these measurements is judged on the same tasks, paired
+(:func:`paired_gains`: McNemar's exact test and a paired bootstrap interval,
+:mod:`areal_agents.stats`), and ``summary.json`` and the closing screen show it with its
+interval, so that a gain can be told from noise.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any
 
 from areal_agents.envs.registry import make_env
 from areal_agents.errors import ConfigError
-from areal_agents.files import read_json
+from areal_agents.files import read_json, read_jsonl
+from areal_agents.stats import PairedComparison, compare_paired
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.data import task_id_of
 
@@ -33,6 +39,8 @@ __all__ = [
     "held_out_before",
     "held_out_task_ids",
     "load_result",
+    "paired_gains",
+    "task_successes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,6 +112,48 @@ def load_result(directory: Path) -> dict[str, Any] | None:
     return _result(read_json(path), directory) if path.is_file() else None
 
 
+def task_successes(directory: Path) -> dict[int, bool] | None:
+    """Whether each held-out task (by index) was solved, from ``<directory>/transcripts.jsonl``
+    (an episode passes at the evaluation's ``pass_threshold``); None when there is none."""
+    path = directory / "transcripts.jsonl"
+    if not path.is_file():
+        return None
+    threshold = float(
+        (
+            read_json(directory / "summary.json") if (directory / "summary.json").is_file() else {}
+        ).get("pass_threshold", 1.0)
+    )
+    out: dict[int, bool] = {}
+    for record in read_jsonl(path, torn_ok=True):
+        index = int(record["task_index"])
+        out[index] = out.get(index, False) or float(record["reward"]) >= threshold
+    return out
+
+
+def paired_gains(eval_dir: Path) -> dict[str, Any]:
+    """The paired comparisons of the run's held-out measurements in ``eval_dir`` (``base``,
+    ``before``, ``after``): ``rl_gain`` (before -> after), ``warm_start_gain`` (base ->
+    before) and ``gain`` (base -> after), each a :class:`~areal_agents.stats.PairedComparison`
+    as JSON; a pair with a measurement missing is left out."""
+    solved = {name: task_successes(eval_dir / name) for name in ("base", "before", "after")}
+    pairs = {"rl_gain": ("before", "after"), "warm_start_gain": ("base", "before")}
+    pairs["gain"] = ("base", "after")
+    out: dict[str, Any] = {}
+    for key, (a, b) in pairs.items():
+        first, second = solved[a], solved[b]
+        if first and second and set(first) & set(second):
+            out[key] = compare_paired(first, second).to_json()
+    return out
+
+
+def _paired_line(comparison: dict[str, Any] | None) -> str:
+    """``  (+12.5 points, 95% CI +4.7 to +20.3; 8 fixed, 0 broken; McNemar p=0.008)``."""
+    if not comparison:
+        return ""
+    c = PairedComparison(**{**comparison, "ci95_points": tuple(comparison["ci95_points"])})
+    return f"  ({c.describe()})"
+
+
 def disk_mb(path: Path) -> float:
     """Megabytes of the files under ``path`` (0 when it does not exist)."""
     if not path.exists():
@@ -156,12 +206,15 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
             f"  warm start:      {_pct(z)} -> {_pct(b)}{_gain(z, b)}  "
             f"(supervised, {(summary.get('warm_start') or {}).get('steps')} steps)"
         )
-        lines.append(f"  RL:              {_pct(b)} -> {_pct(a)}{_gain(b, a)}")
+        lines.append(
+            f"  RL:              {_pct(b)} -> {_pct(a)}"
+            + (_paired_line(held.get("rl_gain")) or _gain(b, a))
+        )
     elif held.get("tasks"):
         b, a = before.get("success"), after.get("success")
         lines.append(
             f"held-out success ({held['tasks']} tasks never trained on, {_sampling(held)}): "
-            f"{_pct(b)} -> {_pct(a)}{_gain(b, a)}"
+            f"{_pct(b)} -> {_pct(a)}" + (_paired_line(held.get("rl_gain")) or _gain(b, a))
         )
     else:
         lines.append("held-out success: not measured (eval.held_out_tasks=0)")

@@ -49,6 +49,7 @@ from areal_agents.trainers.held_out import (
     evaluate,
     held_out_before,
     held_out_task_ids,
+    paired_gains,
 )
 from areal_agents.trainers.inference import (
     launch_local_servers,
@@ -425,6 +426,7 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
                 "base": base,
                 "before": before,
                 "after": after,
+                **paired_gains(run_dir / "eval"),  # each change on the same tasks, with its CI
             },
             "final_weights": str(weights) if weights.is_dir() else None,
             "disk_mb": {

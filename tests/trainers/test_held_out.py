@@ -33,7 +33,7 @@ def test_held_out_tasks_and_seed_pick_the_eval_commands_tasks() -> None:
         eval_tasks.append(env.unwrapped.task.id)  # type: ignore[attr-defined]
     assert ids("eval.held_out_tasks=5", "eval.seed=3") == frozenset(eval_tasks)
     assert ids("eval.held_out_tasks=5", "eval.seed=0") != frozenset(eval_tasks)
-    assert len(ids() or ()) == 64  # the default
+    assert len(ids() or ()) == 128  # the default
     assert ids("eval.held_out_tasks=0") == frozenset()
 
 
