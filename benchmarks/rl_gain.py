@@ -1,0 +1,188 @@
+"""What the RL phase alone does to held-out success: one warm start per seed, then RL variants
+from it, each scored on the same held-out tasks before and after, paired.
+
+The main command spends part of its budget on a supervised warm start and the rest on RL. To
+compare RL recipes (a trust region, a learning rate, the placebo), this runs the warm start once
+per seed (exactly the main command's: ``trainers/warm_start.py``, the same demonstrations and
+held-out exclusions), scores the warm-started model once, and then runs each variant as the
+main command would run its RL phase: ``python -m areal_agents.train model=<warm start>
+warm_start.steps=0 trainer.time_budget_s=<1200 - the warm start's training time>`` plus the
+variant's overrides. Each variant's held-out success after RL is paired with the shared "before"
+(McNemar, paired bootstrap: ``areal_agents/stats.py``).
+
+    python -m benchmarks.rl_gain warm --seeds 0,1,2
+    python -m benchmarks.rl_gain run --seeds 0,1,2 --name default
+    python -m benchmarks.rl_gain run --seeds 0,1,2 --name placebo algo.shuffle_rewards=true
+    python -m benchmarks.rl_gain table
+
+Results: ``<root>/<env>-seed<S>/<name>/`` (the run) and ``benchmarks/results/rl_gain.json``
+(one entry per env, seed and variant, replaced when re-run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from areal_agents.files import read_json, read_jsonl, write_json
+
+__all__ = ["main", "run_variant", "warm"]
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "rl_gain.json"
+BUDGET_S = 1200.0  # the main command's trainer.time_budget_s, the warm start's included
+
+
+def _seed_dir(root: Path, env: str, seed: int) -> Path:
+    return root / f"{env}-seed{seed}"
+
+
+def warm(env: str, seed: int, root: Path, held_out: int, extra: Sequence[str]) -> dict[str, Any]:
+    """The main command's warm start for ``seed`` into ``<seed dir>/warm_start`` (kept)."""
+    from areal_agents.config import load_config
+    from areal_agents.trainers.config import TrainConfig
+    from areal_agents.trainers.held_out import held_out_task_ids
+    from areal_agents.trainers.modeling import prepare_model_dir
+    from areal_agents.trainers.warm_start import run_warm_start
+
+    out = _seed_dir(root, env, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [f"env={env}", f"trainer.seed={seed}", f"eval.held_out_tasks={held_out}", *extra]
+    cfg = load_config(TrainConfig, overrides)
+    model_dir = prepare_model_dir(cfg.model, out)
+    info = run_warm_start(cfg, model_dir, out, held_out_task_ids(cfg))
+    if info is None:
+        raise SystemExit(f"{env} has no demonstrations: nothing to warm-start")
+    return info
+
+
+def _paired(seed_dir: Path, run_dir: Path) -> dict[str, Any] | None:
+    from areal_agents.stats import compare_paired
+    from areal_agents.trainers.held_out import task_successes
+
+    before = task_successes(seed_dir / "before")
+    after = task_successes(run_dir / "eval" / "after")
+    if not before or not after:
+        return None
+    return compare_paired(before, after).to_json()
+
+
+def run_variant(
+    env: str, seed: int, root: Path, name: str, overrides: Sequence[str], held_out: int
+) -> dict[str, Any]:
+    """One RL variant from the seed's warm start; its figures (and the run in ``<seed>/name``)."""
+    seed_dir = _seed_dir(root, env, seed)
+    info = read_json(seed_dir / "warm_start.json")
+    run_dir = seed_dir / name
+    shared_before = seed_dir / "before"
+    command = [
+        sys.executable,
+        "-m",
+        "areal_agents.train",
+        f"env={env}",
+        f"trainer.seed={seed}",
+        f"model={seed_dir / 'warm_start'}",
+        "warm_start.steps=0",
+        f"eval.held_out_tasks={held_out}",
+        f"eval.before={str(not shared_before.is_dir()).lower()}",
+        f"trainer.time_budget_s={BUDGET_S - float(info['train_s']):.0f}",
+        f"output_dir={run_dir}",
+        "log.progress=false",
+        *overrides,
+    ]
+    start = time.time()
+    load_start = os.getloadavg()[0]
+    subprocess.run(command, cwd=ROOT, check=True)
+    if not shared_before.is_dir():  # the first variant scored the warm start: share it
+        shutil.copytree(run_dir / "eval" / "before", shared_before)
+    summary = read_json(run_dir / "summary.json")
+    rows = read_jsonl(run_dir / "metrics.jsonl", torn_ok=True)
+
+    def curve(key: str) -> list[float | None]:
+        return [None if r.get(key) is None else round(float(r[key]), 5) for r in rows]
+
+    return {
+        "env": env,
+        "seed": seed,
+        "name": name,
+        "overrides": list(overrides),
+        "command": " ".join(command[1:]),
+        "warm_start_train_s": info["train_s"],
+        "steps": summary.get("steps"),
+        "stop_reason": summary.get("stop_reason"),
+        "training_s": summary.get("training_s"),
+        "held_out": _paired(seed_dir, run_dir),
+        "reward": curve("reward/mean"),
+        "update_kl": curve("policy/update_kl"),
+        "behavior_kl": curve("behavior/kl"),
+        "entropy": curve("entropy"),
+        "lr": curve("lr"),
+        "clip_frac": curve("clip/frac"),
+        "wall_s": round(time.time() - start, 1),
+        "load_average_1m": {"start": load_start, "end": os.getloadavg()[0]},
+    }
+
+
+def _store(entry: dict[str, Any]) -> None:
+    entries = list(read_json(RESULTS)) if RESULTS.is_file() else []
+    key = (entry["env"], entry["seed"], entry["name"])
+    entries = [e for e in entries if (e["env"], e["seed"], e["name"]) != key] + [entry]
+    entries.sort(key=lambda e: (e["env"], e["name"], e["seed"]))
+    write_json(RESULTS, entries)
+
+
+def table(entries: Sequence[dict[str, Any]]) -> str:
+    """A markdown table: one row per env, variant and seed."""
+    lines = [
+        "| env | variant | seed | before | after | RL gain (95% CI) | fixed / broken | McNemar p "
+        "| steps | update KL (mean) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        h = e.get("held_out") or {}
+        kls = [k for k in e.get("update_kl") or [] if k is not None]
+        kl = f"{sum(kls) / len(kls):.4f}" if kls else "-"
+        if h:
+            lo, hi = h["ci95_points"]
+            lines.append(
+                f"| {e['env']} | {e['name']} | {e['seed']} | {100 * h['before']:.1f}% | "
+                f"{100 * h['after']:.1f}% | **{h['gain_points']:+.1f}** ({lo:+.1f} to {hi:+.1f})"
+                f" | {h['improved']} / {h['regressed']} | {h['mcnemar_p']:.3g} | {e['steps']} "
+                f"| {kl} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("warm", "run", "table"))
+    parser.add_argument("--env", default="code_sandbox")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--root", default="runs/rl_gain")
+    parser.add_argument("--name", default="default", help="the variant's name (run)")
+    parser.add_argument("--held-out", type=int, default=128)
+    parser.add_argument("overrides", nargs="*", help="config overrides of the variant (run)")
+    args = parser.parse_args(argv)
+    root = Path(args.root)
+    if args.action == "table":
+        print(table(read_json(RESULTS) if RESULTS.is_file() else []))
+        return
+    for seed in (int(s) for s in args.seeds.split(",")):
+        if args.action == "warm":
+            info = warm(args.env, seed, root, args.held_out, args.overrides)
+            print(f"{args.env} seed {seed}: warm start {info['train_s']} s")
+            continue
+        entry = run_variant(args.env, seed, root, args.name, args.overrides, args.held_out)
+        _store(entry)
+        print(table([entry]))
+
+
+if __name__ == "__main__":
+    main()
