@@ -20,14 +20,27 @@ app. Around that, the project keeps its own contract:
 * A job's failure does not stop a sweep: the other jobs run, and the command exits with the
   worst status.
 
-The jobs run through Hydra's own runner (``hydra._internal.utils._run_hydra``, what
-``@hydra.main`` calls) with an argument list instead of ``sys.argv``, so ``main(argv)`` of
-the command lines works from Python as it does from a shell.
+* A sweep holds at most :data:`MAX_JOBS` jobs: every job is composed and checked before the
+  first starts (Hydra takes 0.1 to 0.7 s a job on a small machine), so
+  ``seed=range(0,100000)`` would take hours before anything ran. A larger sweep is refused at
+  once, before any job is composed or any range enumerated.
+
+Only Hydra's public API is used: ``hydra.main`` runs the jobs (its application is built around
+the command's task function, and sees the command's own argument list as ``sys.argv`` while
+it runs, so ``main(argv)`` of the command lines works from Python as it does from a shell),
+``hydra.compose``/``hydra.initialize*`` compose a job's configuration, ``ConfigStore`` holds
+the dataclasses' defaults, ``HydraConfig`` and ``GlobalHydra`` are the documented singletons,
+and the override grammar's parser (``hydra.core.override_parser``, what sweeper plugins use)
+expands a sweep. Hydra's flags are parsed here first by a parser of the same flags
+(:func:`args_parser`). ``tests/test_hydra_cli.py`` fails if ``areal_agents`` imports a private
+Hydra module (``hydra._internal``) or a private name.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import sys
 import traceback
 import typing
@@ -47,7 +60,9 @@ from areal_agents.config import (
 from areal_agents.errors import AgentsError, ConfigError
 
 __all__ = [
+    "MAX_JOBS",
     "Command",
+    "args_parser",
     "check_sweep_dirs",
     "default_output",
     "job_configs",
@@ -57,6 +72,12 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: The most jobs one ``-m`` sweep may hold (all are composed and checked before the first runs).
+MAX_JOBS = 256
+
+#: ``--info``'s choices (Hydra's).
+_INFO = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
 @dataclass
@@ -93,13 +114,11 @@ def parse(cls: type[T], argv: Sequence[str], flags: Mapping[str, str] | None = N
 
     ``flags`` maps extra flags to overrides (``{"--resume": "resume=true"}``).
     """
-    from hydra._internal.utils import get_args_parser
-
     argv = [(flags or {}).get(a, a) for a in argv]
     check = "--check" in argv
     argv = [a for a in argv if a != "--check"]
     files, argv = split_files(argv)
-    parser = get_args_parser()
+    parser = args_parser()
 
     def refuse(message: str) -> typing.NoReturn:
         raise ConfigError(f"{message} (--help lists the flags and keys)")
@@ -110,23 +129,95 @@ def parse(cls: type[T], argv: Sequence[str], flags: Mapping[str, str] | None = N
     return Command(cls, overrides, args, parser, files, check, bool(args.help))
 
 
+def args_parser() -> argparse.ArgumentParser:
+    """The flags of a ``@hydra.main`` application (Hydra's own, with their meaning), and the
+    overrides; ``--help`` is the project's key listing."""
+    import hydra
+
+    parser = argparse.ArgumentParser(add_help=False, description="Hydra")
+    add = parser.add_argument
+    add("--help", "-h", action="store_true", help="the keys, their defaults and meaning")
+    add("--hydra-help", action="store_true", help="Hydra's help")
+    add("--version", action="version", version=f"Hydra {hydra.__version__}")
+    add("overrides", nargs="*", help="key=value overrides (Hydra's grammar)")
+    add("--cfg", "-c", choices=["job", "hydra", "all"], help="show the config, run nothing")
+    add("--resolve", action="store_true", help="with --cfg: resolve interpolations")
+    add("--package", "-p", help="with --cfg: the config package to show")
+    add("--run", "-r", action="store_true", help="run one job (the default)")
+    add("--multirun", "-m", action="store_true", help="sweep: one job per combination")
+    add("--shell-completion", "-sc", action="store_true", help="Hydra's shell completion")
+    add("--config-path", "-cp", help="a directory of config files (Hydra's search path)")
+    add("--config-name", "-cn", help="the primary config's name")
+    add("--config-dir", "-cd", help="an extra directory of config files")
+    add("--experimental-rerun", help="rerun a job from its config pickle (Hydra's)")
+    add("--info", "-i", const="all", nargs="?", choices=_INFO, help="Hydra's information")
+    return parser
+
+
+def _hydra_argv(args: argparse.Namespace) -> list[str]:
+    """``args`` (parsed by :func:`args_parser`) as an argument list for ``@hydra.main``: the
+    flags first, then the overrides (Hydra parses them with ``parse_args``)."""
+    out: list[str] = []
+    for name, value in vars(args).items():  # --config-dir is config_dir, and so on
+        flag = "--" + name.replace("_", "-")
+        if name in ("help", "overrides") or value in (None, False):
+            continue
+        out += [flag] if value is True else [flag, str(value)]
+    return [*out, *args.overrides]
+
+
 def _config_dir(command: Command[Any]) -> str | None:
     return command.hydra_args.config_dir
 
 
 def job_overrides(command: Command[Any]) -> list[list[str]]:
-    """The overrides of each job: one job, or the cartesian product of a ``-m`` sweep."""
+    """The overrides of each job: one job, or the cartesian product of a ``-m`` sweep, in the
+    order Hydra's basic sweeper runs them (a key given twice keeps its first place and its last
+    value). A sweep of more than :data:`MAX_JOBS` jobs is refused before it is expanded."""
     if not command.multirun:
         return [command.overrides]
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         parsed = OverridesParser.create().parse_overrides(command.overrides)
-        batches = BasicSweeper.split_arguments(parsed, None)
+        axes: dict[str, Any] = {}
+        for override in parsed:
+            key = override.get_key_element()
+            if not override.is_sweep_override():
+                axes[key] = [f"{key}={override.get_value_element_as_str()}"]
+            elif override.is_discrete_sweep():
+                axes[key] = override
+            else:
+                kind = override.value_type.name if override.value_type else "?"
+                raise ConfigError(
+                    f"{override.input_line}: the basic sweeper enumerates choices (a,b) and "
+                    f"ranges (range(0,4)), not {kind}"
+                )
+        sizes = {k: len(a) if isinstance(a, list) else _sweep_size(a) for k, a in axes.items()}
+        total = math.prod(sizes.values())
+        if total > MAX_JOBS:
+            each = " x ".join(f"{n} {k}" for k, n in sizes.items() if n != 1)
+            raise ConfigError(
+                f"the sweep has {total} jobs ({each}); one command runs at most {MAX_JOBS}: "
+                "split it into several commands"
+            )
+        for key, axis in axes.items():
+            if not isinstance(axis, list):
+                axes[key] = [f"{key}={value}" for value in axis.sweep_string_iterator()]
+    except ConfigError:
+        raise
     except Exception as e:
         raise config_error(e, command.cls) from None
-    return [job for batch in batches for job in batch]
+    return [list(job) for job in itertools.product(*axes.values())]
+
+
+def _sweep_size(override: Any) -> int:
+    """How many values a discrete sweep enumerates, counted without enumerating a range."""
+    value = override.value()
+    start, stop, step = (getattr(value, name, None) for name in ("start", "stop", "step"))
+    if override.is_range_sweep() and start is not None and stop is not None and step:
+        return max(0, math.ceil((stop - start) / step))
+    return sum(1 for _ in itertools.islice(override.sweep_string_iterator(), MAX_JOBS + 1))
 
 
 def job_configs(command: Command[T]) -> list[T]:
@@ -191,8 +282,7 @@ def launch(
     exception (an :class:`AgentsError`, ``SystemExit``, a bug) is re-raised after a single
     run; after a sweep, each failure is printed and the command exits with the worst status.
     """
-    from hydra import version
-    from hydra._internal.utils import _run_hydra
+    import hydra
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
@@ -224,12 +314,15 @@ def launch(
     if run_dir is not None and not command.multirun:
         overrides.append(f"hydra.run.dir={_quote(run_dir)}")
     args = argparse.Namespace(**vars(command.hydra_args))
-    args.overrides, args.config_name = overrides, None
-    version.setbase(None)  # as @hydra.main(version_base=None): this Hydra's defaults
+    args.overrides, args.config_name = overrides, None  # the primary config is chosen above
+    app = hydra.main(config_path=None, config_name=config_name, version_base=None)(task)
     GlobalHydra.instance().clear()
+    argv = sys.argv
+    sys.argv = [name, *_hydra_argv(args)]  # what @hydra.main parses
     try:
-        _run_hydra(args, command.parser, task, config_path=None, config_name=config_name)
+        app()
     finally:
+        sys.argv = argv
         GlobalHydra.instance().clear()
     if failures and not command.multirun:
         raise failures[0][1]

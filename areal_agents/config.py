@@ -28,6 +28,13 @@ whose defaults list is the root's, so its values apply after the groups and befo
 command line's overrides. Hydra's own ``--config-dir DIR --config-name NAME`` takes a file
 with a defaults list (``defaults: [train, _self_]``, ``- override /env: calculator``).
 
+**What a user gives is checked before Hydra sees it.** ``config=`` files are read by
+:func:`~areal_agents.config_values.read_config_file` (size, UTF-8, plain YAML, aliases
+expanded to at most 100 000 values; errors never quote the file), and a value on the command
+line or in a file may call no OmegaConf resolver but Hydra's ``${hydra:...}`` and
+``${now:...}`` (:func:`~areal_agents.config_values.check_interpolations`: ``${oc.env:...}``
+would copy the environment into the run's records); ``${key}`` references stay.
+
 What the home-made parser (replaced by Hydra) did and Hydra does differently, Hydra's way
 kept: a value with a comma must be quoted or written as a list (``key=[a,b]``; unquoted
 ``key=a,b`` is a sweep, which needs ``-m``), and so must one holding other characters of the
@@ -62,15 +69,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from areal_agents.config_values import (
     _hints,
+    _walk_strings,
+    check_interpolations,
     check_numbers,
     check_timeout,
     describe,
     dump_yaml,
     from_dict,
+    read_config_file,
     to_dict,
     writable_dir,
 )
@@ -247,6 +255,7 @@ def prepare_overrides(
     for text in overrides:
         override = OverridesParser.create().parse_overrides([text])[0]
         key = override.key_or_group
+        check_interpolations(text, key)
         if override.package is not None or override.is_delete():
             out.append(text)
             continue
@@ -300,13 +309,7 @@ def _file_primary(cls: type, base: str, files: Sequence[str]) -> str:
 
     data: dict[str, Any] = {}
     for file in files:
-        path = Path(file)
-        if not path.is_file():
-            raise ConfigError(f"config={file}: no such file")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, Mapping):
-            raise ConfigError(f"config={file}: the file must hold a mapping of keys")
-        data = _merge(data, loaded)
+        data = _merge(data, read_config_file(file))
     defaults: list[Any] = [base]
     for group, tp in group_fields(cls).items():
         if isinstance(data.get(group), str):
@@ -368,7 +371,7 @@ def compose(
     from hydra import initialize, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
+    from omegaconf import OmegaConf, open_dict
 
     try:
         name = primary(cls, files, config_name_)
@@ -386,6 +389,8 @@ def compose(
                 node.hydra.job.num = job_num
             HydraConfig.instance().set_config(node)
             del node["hydra"]
+        if config_dir is not None:  # the user's own YAML, read by Hydra
+            _walk_strings(OmegaConf.to_container(node, resolve=False), check_interpolations)
         return node
     except ConfigError:
         raise

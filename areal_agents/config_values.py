@@ -8,6 +8,17 @@ key or value fails at start-up with its name. :func:`check_numbers` is the valid
 section shares: no NaN or infinity anywhere, no negative number unless the section declares
 the key signed, and durations (keys ending in ``_s``) positive.
 
+What a user gives is read defensively. :func:`read_config_file` reads ``config=FILE.yaml``: at
+most 1 MiB, UTF-8, plain YAML (no ``!!python`` tags), at most :data:`MAX_CONFIG_VALUES` values
+once YAML aliases are expanded (an alias bomb of a few hundred bytes stands for billions) and
+:data:`MAX_CONFIG_DEPTH` levels, a mapping whose keys are names; its errors never quote the
+file (``config=/etc/shadow`` is not a config file, and its lines are no one's business).
+:func:`check_interpolations` refuses OmegaConf resolvers in a value the user gives (command
+line, config files): ``${key}`` references and Hydra's ``${hydra:...}`` and ``${now:...}`` are
+kept; ``${oc.env:...}`` would copy the environment (secrets included) into the run's
+``config.yaml`` and reports, and ``${oc.decode:...}``/``${oc.create:...}`` would parse text
+into values past these checks.
+
 >>> from dataclasses import dataclass, field
 >>> @dataclass
 ... class Opt:
@@ -27,6 +38,7 @@ import inspect
 import itertools
 import math
 import os
+import re
 import tempfile
 import types
 import typing
@@ -40,11 +52,18 @@ from areal_agents.errors import ConfigError, did_you_mean
 from areal_agents.files import atomic_write
 
 __all__ = [
+    "ALLOWED_RESOLVERS",
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_DEPTH",
+    "MAX_CONFIG_VALUES",
+    "check_interpolations",
     "check_numbers",
     "check_timeout",
     "describe",
     "dump_yaml",
     "from_dict",
+    "read_config_file",
+    "shorten",
     "to_dict",
     "writable_dir",
 ]
@@ -103,35 +122,169 @@ def _show(value: Any) -> str:
     return str(list(value)) if isinstance(value, tuple) else str(value)
 
 
+def shorten(text: str, limit: int = 120) -> str:
+    """``text`` for an error message: at most ``limit`` characters, the cut said.
+
+    >>> shorten("x" * 5000, 10)
+    'xxxxxxxxxx... (5000 characters)'
+    """
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def writable_dir(path: str | os.PathLike[str], key: str, *, create: bool = True) -> Path:
     """Create the directory ``path`` (with parents) and check that files can be written there.
 
     Raises :class:`ConfigError` naming ``key`` instead of an ``OSError`` from deep inside a
-    run (``output_dir=/proc/nope``, a read-only mount, a path through a file). With
-    ``create=False`` nothing is created: a missing ``path`` passes when its nearest existing
-    ancestor is a directory this process may write into (what ``--check`` uses).
+    run (``output_dir=/proc/nope``, a read-only mount, a path through a file, a name longer
+    than the file system allows). With ``create=False`` nothing is created: a missing ``path``
+    passes when its nearest existing ancestor is a directory this process may write into (what
+    ``--check`` uses).
     """
+    shown = shorten(os.fspath(path))
     out = Path(os.path.expanduser(os.fspath(path)))
-    if not create and not out.exists():
-        parent = out.absolute()
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError(
-                f"{key}={os.fspath(path)}: cannot write there ({parent} is not a writable "
-                "directory); choose a writable directory"
-            )
-        return out
     try:
+        if not create and not out.exists():
+            parent = out.absolute()
+            while not parent.exists():
+                parent = parent.parent
+            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+                raise ConfigError(
+                    f"{key}={shown}: cannot write there ({shorten(str(parent))} is not a "
+                    "writable directory); choose a writable directory"
+                )
+            return out
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
             pass
     except OSError as e:
         reason = e.strerror or type(e).__name__
         raise ConfigError(
-            f"{key}={os.fspath(path)}: cannot write there ({reason}); choose a writable directory"
+            f"{key}={shown}: cannot write there ({reason}); choose a writable directory"
         ) from None
     return out
+
+
+#: The largest ``config=FILE.yaml`` read.
+MAX_CONFIG_BYTES = 1 << 20
+#: The most values a config file may hold, each YAML alias counted every time it is used.
+MAX_CONFIG_VALUES = 100_000
+#: The deepest nesting of a config file's values.
+MAX_CONFIG_DEPTH = 64
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def read_config_file(file: str) -> dict[str, Any]:
+    """The mapping of keys in ``config=FILE.yaml`` (see the module docstring), or a
+    :class:`ConfigError` that says what is wrong without quoting the file."""
+    where = f"config={shorten(file)}"
+    path = Path(file)
+    try:
+        if not path.exists():
+            raise ConfigError(f"{where}: no such file")
+        if not path.is_file():
+            raise ConfigError(f"{where}: not a regular file")
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it ({e.strerror or type(e).__name__})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{where}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{where}: not valid YAML{at}: {_problem(e.problem)}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML ({type(e).__name__})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply") from None
+    _check_size(loaded, where)
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, Mapping):
+        raise ConfigError(f"{where}: the file must hold a mapping of keys (trainer: ..., env: ...)")
+    if not all(isinstance(k, str) and _NAME.fullmatch(k) for k in loaded):
+        raise ConfigError(
+            f"{where}: not a config file: its keys must be names (trainer, env, output_dir...)"
+        )
+    _walk_strings(loaded, lambda text, key: check_interpolations(text, f"{where}: {key}"))
+    return dict(loaded)
+
+
+def _problem(text: str | None) -> str:
+    """PyYAML's ``problem``, its quotes of the file left out (a tag's name is kept)."""
+
+    def keep(match: re.Match[str]) -> str:
+        quoted = match.group(0)[1:-1]
+        return match.group(0) if quoted.startswith(("!", "tag:")) and len(quoted) < 80 else "'...'"
+
+    return _QUOTED.sub(keep, text or "a syntax error")
+
+
+def _check_size(data: Any, where: str) -> None:
+    """Refuse ``data`` if it holds more than :data:`MAX_CONFIG_VALUES` values (an alias
+    counted each time it is used) or nests deeper than :data:`MAX_CONFIG_DEPTH`."""
+    stack = [(data, 0)]
+    seen = 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigError(
+                f"{where}: more than {MAX_CONFIG_VALUES} values once its YAML aliases are "
+                "expanded: not a config file"
+            )
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+        if isinstance(value, Mapping):
+            stack.extend((v, depth + 1) for item in value.items() for v in item)
+        elif isinstance(value, list | tuple | set):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def _walk_strings(data: Any, check: Any, key: str = "") -> None:
+    if isinstance(data, str):
+        check(data, key or "value")
+    elif isinstance(data, Mapping):
+        for k, v in data.items():
+            sub = f"{key}.{k}" if key else str(k)
+            _walk_strings(k, check, sub)
+            _walk_strings(v, check, sub)
+    elif isinstance(data, list | tuple):
+        for i, v in enumerate(data):
+            _walk_strings(v, check, f"{key}[{i}]")
+
+
+#: The OmegaConf resolvers a user's value may call: Hydra's own (``${hydra:job.num}``) and the
+#: time (``${now:%H-%M}``). ``${key}`` references are always allowed.
+ALLOWED_RESOLVERS = ("hydra", "now")
+_RESOLVER = re.compile(r"\$\{\s*([^\s:{}'\"\\]+)\s*:")
+
+
+def check_interpolations(value: str, key: str) -> None:
+    """Refuse a resolver call other than :data:`ALLOWED_RESOLVERS` in ``value`` (what the user
+    gave for ``key``; see the module docstring for why).
+
+    >>> check_interpolations("runs/${env.name}-${hydra:job.num}", "output_dir")
+    >>> check_interpolations("${oc.env:HOME}", "output_dir")
+    Traceback (most recent call last):
+    ...
+    areal_agents.errors.ConfigError: output_dir: ${oc.env:...} is not allowed in a value: only \
+${key} references and the resolvers hydra, now are; write the value itself (the shell expands $HOME)
+    """
+    for name in _RESOLVER.findall(value):
+        if name not in ALLOWED_RESOLVERS:
+            raise ConfigError(
+                f"{key}: ${{{shorten(name, 40)}:...}} is not allowed in a value: only ${{key}} "
+                f"references and the resolvers {', '.join(ALLOWED_RESOLVERS)} are; write the "
+                "value itself (the shell expands $HOME)"
+            )
 
 
 def _hints(cls: type) -> dict[str, Any]:

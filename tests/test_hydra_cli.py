@@ -190,3 +190,86 @@ def test_a_group_of_one_root_is_a_plain_key_of_another_in_the_same_process() -> 
     assert load_config(TrainConfig, ["env=math_python"]).env.name == "math_python"
     assert load_config(EvalConfig, ["env=calculator"]).env == "calculator"  # a str, no group
     assert load_config(TrainConfig, ["env=calculator"]).env.max_turns == 2  # the preset again
+
+
+# ---- Hydra's public API only ------------------------------------------------------------------
+
+#: The Hydra modules areal_agents may import: the package's own API (``hydra.main``,
+#: ``hydra.compose``, ``hydra.initialize*``, its errors and types) and the documented classes
+#: under ``hydra.core``: ``ConfigStore`` (structured configs), ``HydraConfig`` (accessing the
+#: Hydra config), ``GlobalHydra`` (the compose API's global state) and the override grammar's
+#: parser (what sweeper plugins use). Anything under ``hydra._internal`` and any name with a
+#: leading underscore is Hydra's private business: a release may change it without notice.
+PUBLIC_HYDRA = {
+    "hydra",
+    "hydra.errors",
+    "hydra.types",
+    "hydra.utils",
+    "hydra.core.config_store",
+    "hydra.core.hydra_config",
+    "hydra.core.global_hydra",
+    "hydra.core.override_parser.overrides_parser",
+    "hydra.core.override_parser.types",
+}
+
+
+def hydra_uses(path: Path) -> list[str]:
+    """What ``path`` takes from Hydra: ``module`` or ``module:name``, and ``hydra.<attr>``
+    attribute chains (``hydra._internal.utils``) read off an imported ``hydra``."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] == "hydra"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "hydra":
+            found += [f"{node.module}:{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == "hydra":
+                found.append(f"hydra:{node.attr}")
+    return found
+
+
+def private(use: str) -> bool:
+    module, _, name = use.partition(":")
+    is_module = name and f"{module}.{name}" in PUBLIC_HYDRA
+    dunder = name.startswith("__") and name.endswith("__")  # hydra.__version__
+    return (module not in PUBLIC_HYDRA and not is_module) or (name.startswith("_") and not dunder)
+
+
+def test_areal_agents_uses_only_hydras_public_api() -> None:
+    uses = {
+        f"{path.relative_to(ROOT)}: {use}"
+        for path in (ROOT / "areal_agents").rglob("*.py")
+        for use in hydra_uses(path)
+    }
+    assert any("cli.py: hydra:main" in u for u in uses)  # the jobs run through @hydra.main
+    assert [u for u in sorted(uses) if private(u.split(": ", 1)[1])] == []
+    # the checker itself sees what the command line used to call
+    assert private("hydra._internal.utils:_run_hydra") and private("hydra:_internal")
+    assert private("hydra._internal.core_plugins.basic_sweeper:BasicSweeper")
+    assert not private("hydra.core.config_store:ConfigStore") and not private("hydra:compose")
+
+
+def test_hydras_flags_behave_as_in_any_hydra_app(
+    tmp_path: Path,
+    cwd: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    trained: list[TrainConfig],
+) -> None:
+    main(["--cfg", "job", "--resolve", *TINY, "trainer.seed=${trainer.total_steps}"])
+    out = capsys.readouterr().out
+    assert yaml.safe_load(out)["trainer"]["seed"] == 1000, out[:500]
+    sweep = tmp_path / "sweep"
+    main([*TINY, "algo=grpo,rloo", f"hydra.sweep.dir={sweep}", "-m"])  # -m anywhere
+    assert [c.algo.name for c in trained] == ["grpo", "rloo"]
+    assert [c.output_dir for c in trained] == [str(sweep / "0"), str(sweep / "1")]
+    assert Path.cwd() == cwd and not list(cwd.iterdir())  # no chdir, nothing written here
+    assert f"results in {sweep / '1'}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("Hydra 1.")
+    main(["--info", "defaults", *TINY])  # Hydra's own answer (logged), nothing run
+    assert "model/tiny" in capsys.readouterr().out + caplog.text
+    assert not trained[2:] and not list(cwd.iterdir())

@@ -1,0 +1,157 @@
+"""The command lines against hostile input (the red team's round 3, ``c1_cli.py``, as tests).
+
+Each attack must end in a clear ``error:`` (exit status 2), fast, without a traceback, without
+quoting a file that is not a config file, without resolving the environment into a value, and
+without creating anything. The commands run in this process (``main(argv)``) under a deadline
+(:func:`deadline`), so an attack that used to hang fails its test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from areal_agents.errors import ConfigError
+
+SECRET = "S3CRET-d41d8cd9"
+BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+)  # 9**9 = 387 million values in 500 bytes
+FILES = {
+    "bomb.yaml": BOMB,
+    "bomb_in_key.yaml": BOMB.rsplit("\n", 3)[0] + "\nenv:\n  kwargs:\n    system_prompt: *g\n",
+    "deep.yaml": "x: " + "[" * 5000 + "]" * 5000 + "\n",
+    "shadow": f"root:$6${SECRET}:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n",
+    "environ": f"HOME=/root\0AWS_SECRET_ACCESS_KEY={SECRET}\0",
+    "notutf8.yaml": "seed: \udcff\udcfe\n",  # written with surrogateescape: bytes ff fe
+    "list.yaml": "- a\n- b\n",
+    "pyobj.yaml": "trainer: !!python/object/apply:os.system ['touch PWNED']\n",
+    "tag_custom.yaml": "output_dir: !custom x\n",
+    "interp.yaml": "output_dir: ${oc.env:HOME}/x\n",
+    "interp_nested.yaml": "env:\n  kwargs:\n    system_prompt: 'key ${oc.env:PATH}'\n",
+    "interp_loop.yaml": "output_dir: ${output_dir}\n",
+    "big.yaml": "# padding\n" * 200_000,
+}
+#: (the arguments, what the error must say)
+ATTACKS = [
+    (["config=bomb.yaml"], "more than 100000 values"),
+    (["config=bomb_in_key.yaml"], "more than 100000 values"),
+    (["config=deep.yaml"], "nested too deeply"),
+    (["config=shadow"], "not a config file"),
+    (["config=environ"], "not valid YAML"),
+    (["config=notutf8.yaml"], "not UTF-8 text"),
+    (["config=list.yaml"], "must hold a mapping"),
+    (["config=pyobj.yaml"], "not valid YAML"),
+    (["config=tag_custom.yaml"], "not valid YAML"),
+    (["config=zero.yaml"], "not a regular file"),
+    (["config=big.yaml"], "larger than 1 MiB"),
+    (["config=interp.yaml"], "${oc.env:...} is not allowed"),
+    (["config=interp_nested.yaml"], "env.kwargs.system_prompt: ${oc.env:...} is not allowed"),
+    (["config=interp_loop.yaml"], "output_dir: Recursive interpolation"),
+    (["output_dir=" + "x" * 5000], "(5000 characters): cannot write there (File name too long)"),
+    (["output_dir=${oc.env:HOME}"], "output_dir: ${oc.env:...} is not allowed"),
+    (["output_dir=${oc.env:AWS_SECRET_ACCESS_KEY}"], "${oc.env:...} is not allowed"),
+    (["output_dir=${oc.decode:'!!python/object/apply:os.system [\"id\"]'}"], "oc.decode"),
+    (["trainer.seed=${oc.decode:'" + "[" * 3000 + "'}"], "oc.decode"),
+    (["hydra.run.dir=${oc.env:HOME}"], "${oc.env:...} is not allowed"),
+    (["--multirun", "trainer.seed=range(0,100000)"], "the sweep has 100000 jobs"),
+    (
+        ["-m", "trainer.seed=range(0,100)", "algo=grpo,rloo,rloo"],
+        "300 jobs (100 trainer.seed x 3 algo)",
+    ),
+]
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise in this thread if the block runs longer than ``seconds`` (SIGALRM)."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory holding the attack files (and, after a run, nothing else)."""
+    here = tmp_path / "cwd"
+    here.mkdir()
+    for name, text in FILES.items():
+        (here / name).write_text(text, errors="surrogateescape")
+    (here / "shadow").chmod(0o600)
+    (here / "zero.yaml").symlink_to("/dev/zero")
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    return here
+
+
+@pytest.mark.parametrize(("args", "says"), ATTACKS, ids=[" ".join(a)[:40] for a, _ in ATTACKS])
+def test_train_check_refuses_at_once_naming_the_problem(
+    cwd: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    from areal_agents.train import main
+
+    before = sorted(p.name for p in cwd.iterdir())
+    with deadline(60), pytest.raises(SystemExit) as e:
+        main(["--check", "env=calculator", "model=tiny", *args])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2, out[-2000:]
+    assert err.startswith("error: ") and says in err, err
+    assert "Traceback" not in err and SECRET not in out + err and "/root" not in err
+    assert len(err) < 600  # one line, not the file or the 5000 characters
+    assert sorted(p.name for p in cwd.iterdir()) == before  # nothing created
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["config=bomb.yaml"], "more than 100000 values"),
+        (["config=shadow"], "not a config file"),
+        (["config=environ"], "not valid YAML"),
+        (["output_dir=" + "y" * 5000], "(5000 characters): cannot write there"),
+        (["output_dir=${oc.env:HOME}"], "${oc.env:...} is not allowed"),
+        (["--multirun", "seed=range(0,100000)"], "the sweep has 100000 jobs"),
+    ],
+    ids=["bomb", "shadow", "environ", "long output_dir", "oc.env", "huge sweep"],
+)
+def test_eval_check_refuses_at_once_naming_the_problem(
+    cwd: Path, args: list[str], says: str
+) -> None:
+    from areal_agents.eval import main
+
+    with deadline(60), pytest.raises(ConfigError) as e:
+        main(["--check", "env=calculator", *args])
+    assert says in str(e.value) and SECRET not in str(e.value)
+    assert sorted(p.name for p in cwd.iterdir()) == sorted([*FILES, "zero.yaml"])
+
+
+def test_a_sweep_within_the_limit_and_plain_interpolations_still_work(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from areal_agents.eval import main
+
+    main(
+        [
+            "--check",
+            "-m",
+            "seed=range(0,3)",
+            "env=calculator",
+            "output_dir=out/${seed}-${hydra:job.num}",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert out.count("configuration OK") == 3 and "results would go to out/2-2" in out
+    (cwd / "ok.yaml").write_text("num_episodes: 4\nsamples_per_task: 2\noutput_dir: r/${seed}\n")
+    main(["--check", "config=ok.yaml", "env=calculator", "seed=7"])
+    assert "results would go to r/7" in capsys.readouterr().out
