@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import ast
 import sys
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["compile_tests", "preamble_code", "referenced", "solution_names", "split"]
+__all__ = [
+    "Piece",
+    "assigned",
+    "compile_tests",
+    "piece",
+    "preamble_code",
+    "referenced",
+    "solution_names",
+    "split",
+]
 
 _NO_IMPORT = {"antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "webbrowser"}
 
@@ -24,19 +34,25 @@ def _parse(source: str) -> ast.Module | None:
 
 
 class _Asserts(ast.NodeTransformer):
-    """``assert test, msg`` -> ``if not test: __areal_fail__(msg)``: the same check, except that
-    after a round's first unknown call (when nothing it finds counts) a failed assert lets the
-    test go on, so that the rest of its calls are found in the same round."""
+    """``assert test, msg`` -> ``__areal_seen__()`` then ``if not test: __areal_fail__(msg)``:
+    the same check, counted when it runs and recorded by the judge when it fails (so that a
+    ``try``/``except`` of the tests around it cannot hide the failure), except that after a
+    round's first unknown call (when nothing it finds counts) a failed assert lets the test go
+    on, so that the rest of its calls are found in the same round."""
 
-    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+    def visit_Assert(self, node: ast.Assert) -> list[ast.stmt]:
         self.generic_visit(node)
+        seen = ast.Expr(
+            value=ast.Call(func=ast.Name(id="__areal_seen__", ctx=ast.Load()), args=[], keywords=[])
+        )
         fail = ast.Call(
             func=ast.Name(id="__areal_fail__", ctx=ast.Load()),
             args=[node.msg or ast.Constant(value=None)],
             keywords=[],
         )
         test = ast.UnaryOp(op=ast.Not(), operand=node.test)
-        return ast.copy_location(ast.If(test=test, body=[ast.Expr(value=fail)], orelse=[]), node)
+        check = ast.If(test=test, body=[ast.Expr(value=fail)], orelse=[])
+        return [ast.copy_location(seen, node), ast.copy_location(check, node)]
 
 
 def compile_tests(tree: ast.Module | str, filename: str) -> Any:
@@ -46,8 +62,57 @@ def compile_tests(tree: ast.Module | str, filename: str) -> Any:
     return compile(tree, filename, "exec")
 
 
-def split(source: str, function: str | None) -> list[tuple[bool, Any]] | None:
-    """``[(is_case, code)]`` for the statements of ``source`` (or of its ``function``)."""
+@dataclass(frozen=True)
+class Piece:
+    """One statement of the tests (or one test snippet), run on its own by the judge.
+
+    ``code`` is compiled (``str``: why it does not compile); ``checks``: it holds an ``assert``
+    or a ``raise`` outside any ``def``, ``class`` or ``lambda`` (what runs when the piece
+    runs); ``stores``: the names it binds there."""
+
+    code: Any
+    checks: bool
+    stores: frozenset[str]
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _static(nodes: list[ast.stmt]) -> tuple[bool, frozenset[str]]:
+    checks, stores = False, set()
+    stack: list[ast.AST] = list(nodes)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Assert | ast.Raise):
+            checks = True
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            stores.add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            stores.update(a.asname or a.name.split(".")[0] for a in node.names)
+        if isinstance(node, _SCOPES):
+            if not isinstance(node, ast.Lambda):
+                stores.add(node.name)
+            continue  # its body runs when it is called, not here
+        stack.extend(ast.iter_child_nodes(node))
+    return checks, frozenset(stores)
+
+
+def piece(source: str | list[ast.stmt], filename: str) -> Piece:
+    """A :class:`Piece` of a snippet (or of parsed statements); never raises."""
+    try:
+        body = ast.parse(source, filename).body if isinstance(source, str) else source
+        checks, stores = _static(body)
+        code = compile_tests(ast.Module(body=body, type_ignores=[]), filename)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        return Piece(
+            f"{filename} does not compile: {type(e).__name__}: {e}"[:500], True, frozenset()
+        )
+    return Piece(code, checks, stores)
+
+
+def split(source: str, function: str | None) -> list[Piece] | None:
+    """The statements of ``source`` (or of the body of its ``function``), each a
+    :class:`Piece` (a function's docstring is skipped); ``None`` when they cannot be split."""
     tree = _parse(source)
     if tree is None:
         return None
@@ -58,16 +123,14 @@ def split(source: str, function: str | None) -> list[tuple[bool, Any]] | None:
             return None
         body = found[-1].body
     pieces = []
-    try:
-        for stmt in body:
-            docstring = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
-            if function is not None and docstring:
-                continue
-            is_case = any(isinstance(node, ast.Assert) for node in ast.walk(stmt))
-            module = ast.Module(body=[stmt], type_ignores=[])
-            pieces.append((is_case, compile_tests(module, "<test>")))
-    except (SyntaxError, ValueError, RecursionError):
-        return None
+    for stmt in body:
+        docstring = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+        if function is not None and docstring:
+            continue
+        found_piece = piece([stmt], "<test>")
+        if isinstance(found_piece.code, str):
+            return None
+        pieces.append(found_piece)
     return pieces
 
 
@@ -97,6 +160,28 @@ def solution_names(source: str) -> tuple[set[str], set[str], dict[str, str]]:
                 if alias.asname is None and stdlib and top not in _NO_IMPORT:
                     modules[top] = top
     return functions, values - functions, modules
+
+
+def assigned(sources: list[str]) -> set[str]:
+    """Every name the tests bind themselves (assignments, loop and ``with`` targets, ``def``,
+    ``class``, imports, ``except ... as``): the tests' own, never the solution's, even where
+    they read it before they bind it."""
+    names: set[str] = set()
+    for source in sources:
+        tree = _parse(source)
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+                names.add(node.id)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                for alias in node.names:
+                    names.add(alias.asname or alias.name.split(".")[0])
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                names.add(node.name)
+            elif isinstance(node, ast.Global | ast.Nonlocal):
+                names.update(node.names)
+    return names
 
 
 def referenced(sources: list[str]) -> set[str]:

@@ -13,7 +13,9 @@ reaches by running the tests against these answers. Each line written (to a priv
 the original stdout; fd 1 and 2 are pointed at ``/dev/null``) is ``@areal:KIND ID PAYLOAD``:
 
 * ``L - {"ok": true}`` or ``L - {"error": ..., "timeout": ...}`` once the solution ran;
-* ``S id`` before a call, ``R id record`` after it, where the record is ``{"ok": value}``
+* ``R id record`` after each call (``id``: its index in the batch; calls are answered in
+  order, so the first call with no answer in a run that did not end is the one in flight),
+  where the record is ``{"ok": value}``
   (plus ``"args"``: the arguments it changed in place), ``{"callable": true}`` (a ``get`` of a
   function), ``{"raised": [type, message]}``, ``{"timeout": true}`` (the per-call alarm) or
   ``{"unsendable": reason}`` (the value has no wire form);
@@ -23,6 +25,7 @@ the original stdout; fd 1 and 2 are pointed at ``/dev/null``) is ``@areal:KIND I
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 import signal
@@ -58,15 +61,26 @@ def _alarm(signum: int, frame: Any) -> None:
 
 
 def _describe(error: BaseException) -> list[str]:
+    """``[name, message]``: the name of the nearest built-in class of the exception (so that
+    ``class MyError(ValueError)`` is caught by ``except ValueError`` and a class merely named
+    ``ZeroDivisionError`` is not), with the class's own name in front of the message."""
     t = type(error)
-    name = type.__dict__["__name__"].__get__(t)
+    own = type.__dict__["__name__"].__get__(t)
+    name = "Exception"
+    for k in type.__dict__["__mro__"].__get__(t):
+        candidate = type.__dict__["__name__"].__get__(k)
+        if type(candidate) is str and getattr(builtins, candidate, None) is k:
+            name = candidate
+            break
     try:
         message = str(error)
     except BaseException:  # its __str__ is the program's own code
         message = "?"
     if type(message) is not str:
         message = "?"
-    return [name if type(name) is str else "?", message[:500]]
+    if own != name:
+        message = f"{own if type(own) is str else '?'}: {message}"
+    return [name, message[:500]]
 
 
 def _encoded_changes(values: Any, forms: list[Any]) -> dict[str, Any]:
@@ -123,7 +137,7 @@ def main(job: dict[str, Any]) -> None:
         return
 
     for ident, op, name, args_form, kwargs_form in job["calls"]:
-        emit("S", ident)
+        ident = str(ident)
         try:
             record = _answer(namespace, op, name, args_form, kwargs_form, limit)
         except _Timeout:  # the alarm fired after the answer was ready

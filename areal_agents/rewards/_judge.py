@@ -1,6 +1,6 @@
 """The judge: the hidden tests, run on the host against a solution that stays in the sandbox.
 
-One :func:`judge_round` runs in a killable grading process (:func:`~areal_agents.rewards.
+One :func:`judge_round` runs in a fresh, confined grading process (:func:`~areal_agents.rewards.
 isolation.run_isolated`). It executes the trusted code (the task's preamble, then the tests)
 with the solution's names bound to proxies. A proxy call whose answer is known (``answers``,
 the executor's records by call id) returns a fresh plain value decoded from the wire form, or
@@ -8,12 +8,34 @@ raises what the solution raised; a call not known yet is recorded for the next s
 The caller repeats rounds until one needs no unknown call: that round's outcomes are the
 verdict (:mod:`areal_agents.rewards.code` has the loop).
 
+The verdict does not depend on the test file's shape:
+
+* **Every statement counts.** The tests run statement by statement (a snippet of ``cases``,
+  a top-level statement of a program, a statement of HumanEval's ``check``), then every test
+  function (``test*``, no required argument) and ``unittest.TestCase`` the program defined
+  but never ran, as pytest would. A statement that fails, whatever it is and whatever it
+  raised (an ``assert``, ``raise AssertionError`` in an ``if``, a ``test()`` call, a
+  ``__main__`` guard, ``unittest.main()``), fails the verdict. ``sys.exit(0)`` ends the
+  program as it would in Python.
+* **What decides is recorded out of band.** A failed ``assert``, a unittest failure, a call
+  that timed out, crashed or answered with something unsendable, and the case alarm are
+  written into the round's record *before* anything is raised, so a test's bare ``except:``,
+  ``except BaseException`` or ``contextlib.suppress`` around it changes nothing.
+* **A case is a statement that checks the solution.** For ``passed``/``total`` (what
+  ``fraction`` mode pays) a statement counts when it fails, or when it ran a check (an
+  ``assert``, a ``raise``, a unittest test) and involved the solution: it called the
+  solution, or read one of its values or a name an earlier such statement bound. So
+  ``assert True`` pays nothing, and ``x = f()`` alone is not a case while ``assert x == 1``
+  is. A test program that never involves the solution scores nothing.
+* **Nothing formatted from a value can raise**: messages are built with a guarded ``str``
+  (an int past the 4300-digit limit, a failing ``__str__``, lone surrogates are escaped).
+
 Discovery: so that one round finds a whole loop's worth of calls (``for x in xs: assert
 f(x) == g(x)``), an unknown call returns a *pending* placeholder that says yes to comparisons
-and no-ops through arithmetic. Nothing a round computes with a placeholder counts: a case is
-only final when it ran before any unknown call of its round. Test code that loops for ever on
-placeholders runs out of its operation budget (or the round's time, after which the caller
-runs strict rounds, where an unknown call stops its case at once).
+and no-ops through arithmetic. Nothing a round computes with a placeholder counts: a statement
+is only final when it ran before any unknown call of its round. Test code that loops for ever
+on placeholders runs out of its operation budget (or the round's time, after which the caller
+runs strict rounds, where an unknown call stops its statement at once).
 
 Every random draw of the tests is made reproducible (``random`` is seeded the same before each
 round), so that the calls of one round are the calls of the next.
@@ -23,35 +45,48 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import hashlib
+import functools
 import importlib
 import io
-import json
 import random
 import signal
-from collections.abc import Iterator
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from areal_agents.rewards._calls import (
+    Call,
+    _describe,
+    _JudgeTimeout,
+    _Proxy,
+    _Signal,
+    _State,
+    safe_str,
+)
 from areal_agents.rewards._cases import (
-    compile_tests,
+    Piece,
+    assigned,
+    piece,
     preamble_code,
     referenced,
     solution_names,
     split,
 )
-from areal_agents.rewards._wire import Unsendable, decode, dumps, encode
 
 __all__ = ["Call", "JudgeSpec", "Round", "judge_round"]
 
-_PENDING_OPS = 100_000
-_MAX_NEW_CALLS = 5_000
+_FINAL = ("fail", "timeout", "crash")
 
 
 @dataclass(frozen=True)
 class JudgeSpec:
     """What a round needs: the tests (as in :class:`~areal_agents.rewards.UnitTests`), the
-    solution's source (only parsed here, for its top-level names) and the limits."""
+    solution's source (only parsed here, for its top-level names) and the limits.
+    ``deadline``: the grade's end (``time.monotonic()``, the same clock in every process);
+    statements that would run past it are timeouts."""
 
     tests: tuple[str, ...] | str
     mode: str
@@ -60,17 +95,7 @@ class JudgeSpec:
     solution: str
     case_timeout_s: float
     fail_fast: bool
-
-
-@dataclass(frozen=True)
-class Call:
-    """One request for the executor: ``op`` is ``call`` or ``get`` (a top-level value)."""
-
-    key: str
-    op: str
-    name: str
-    args: Any
-    kwargs: Any
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,221 +113,18 @@ class Round:
     calls: tuple[Call, ...]
 
 
-class _Unknown(BaseException):
-    """Stops a case that needs an answer not known yet."""
-
-
-class _CaseFailed(BaseException):
-    """A failure the test code must not catch (it says why the case failed)."""
-
-
-class _CallTimeout(BaseException):
-    """The solution ran out of time in a call (in the sandbox)."""
-
-
-class _Crashed(BaseException):
-    """The solution ended the executor during a call."""
-
-
-class _JudgeTimeout(BaseException):
-    """The test code itself ran past the case limit on the host."""
-
-
-class CandidateError(Exception):
-    """An exception the solution raised whose type is not a built-in one."""
-
-
-class _State:
-    def __init__(self, answers: dict[str, str], discovery: bool) -> None:
-        self.answers = answers
-        self.discovery = discovery
-        self.dirty = False
-        self.ops = 0
-        self.new: dict[str, Call] = {}
-
-    def want(self, call: Call) -> Any:
-        self.dirty = True
-        self.ops += 1
-        if len(self.new) >= _MAX_NEW_CALLS or self.ops > _PENDING_OPS:
-            raise _Unknown()
-        self.new.setdefault(call.key, call)
-        if not self.discovery:
-            raise _Unknown()
-        return _Pending(self)
-
-    def record(self, key: str) -> dict[str, Any] | None:
-        text = self.answers.get(key)
-        if text is None:
-            return None
-        try:
-            record = json.loads(text)
-        except (ValueError, RecursionError):
-            record = None
-        if not isinstance(record, dict):
-            raise _CaseFailed("the sandbox's answer to a call could not be read")
-        return record
-
-    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            args_form = encode(list(args))
-            kwargs_form = encode(dict(sorted(kwargs.items())))
-        except Unsendable as e:
-            if self.dirty:
-                raise _Unknown() from None
-            raise _CaseFailed(f"the tests call {name} with {e}, which cannot be sent") from None
-        key = _key("call", name, args_form, kwargs_form)
-        record = self.record(key)
-        if record is None:
-            return self.want(Call(key, "call", name, args_form, kwargs_form))
-        value = _outcome(name, record)
-        changed = record.get("args")
-        if isinstance(changed, dict):
-            for slot, form in changed.items():
-                if isinstance(slot, str) and slot.startswith("k"):
-                    _update(kwargs.get(slot[1:]), form)
-                elif isinstance(slot, str) and slot.isdigit() and int(slot) < len(args):
-                    _update(args[int(slot)], form)
-        return value
-
-    def get(self, name: str) -> Any:
-        key = _key("get", name, None, None)
-        record = self.record(key)
-        if record is None:
-            return self.want(Call(key, "get", name, None, None))
-        if record.get("callable") is True:
-            return _Proxy(name, self)
-        return _outcome(name, record)
-
-
-def _key(*parts: Any) -> str:
-    return hashlib.sha256(dumps(list(parts)).encode()).hexdigest()[:24]
-
-
-def _outcome(name: str, record: dict[str, Any]) -> Any:
-    if "ok" in record:
-        try:
-            return decode(record["ok"])
-        except (ValueError, TypeError, RecursionError, OverflowError) as e:
-            raise _CaseFailed(f"the answer of {name} could not be read: {e}") from None
-    if record.get("timeout") is True:
-        raise _CallTimeout(f"{name} timed out")
-    if "crashed" in record:
-        raise _Crashed(f"{name}: {str(record['crashed'])[:300]}")
-    raised = record.get("raised")
-    if isinstance(raised, list) and len(raised) == 2 and all(isinstance(s, str) for s in raised):
-        kind, message = raised
-        cls = getattr(builtins, kind, None) if kind.isidentifier() else None
-        if cls in (StopIteration, StopAsyncIteration):  # would end the tests' loops quietly
-            raise CandidateError(f"{kind}: {message}")
-        if isinstance(cls, type) and issubclass(cls, Exception):
-            try:
-                error = cls(message)
-            except Exception:
-                error = CandidateError(f"{kind}: {message}")
-            raise error
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            raise _CaseFailed(f"{name} raised {kind}: {message}")
-        raise CandidateError(f"{kind}: {message}")
-    if "unsendable" in record:
-        reason = str(record["unsendable"])[:300]
-        raise _CaseFailed(
-            f"{name} returned {reason}, which cannot leave the sandbox (only None, bool, int, "
-            "float, complex, str, bytes, list, tuple, dict, set and frozenset do; classes and "
-            "other objects are not supported)"
-        )
-    raise _CaseFailed(f"{name}: {str(record.get('lost', 'no answer'))[:300]}")
-
-
-def _update(target: Any, form: Any) -> None:
-    """Apply a change the solution made to an argument in place (lists, dicts, sets)."""
-    try:
-        new = decode(form)
-    except (ValueError, TypeError, RecursionError, OverflowError):
-        return
-    if type(target) is list and type(new) is list:
-        target[:] = new
-    elif (type(target) is dict and type(new) is dict) or (type(target) is set and type(new) is set):
-        target.clear()
-        target.update(new)
-
-
-class _Proxy:
-    """Stands for a function of the solution; calling it asks the sandbox (through answers)."""
-
-    __slots__ = ("_name", "_state")
-
-    def __init__(self, name: str, state: _State) -> None:
-        self._name = name
-        self._state = state
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._state.call(self._name, args, kwargs)
-
-    def __repr__(self) -> str:
-        return f"<solution function {self._name}>"
-
-
-class _Pending:
-    """The placeholder for an answer not known yet (see the module docstring)."""
-
-    __slots__ = ("_state",)
-
-    def __init__(self, state: _State) -> None:
-        self._state = state
-
-    def _tick(self) -> None:
-        self._state.ops += 1
-        if self._state.ops > _PENDING_OPS:
-            raise _Unknown()
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        self._tick()
-        return self
-
-
-def _same(self: _Pending, *args: Any, **kwargs: Any) -> _Pending:
-    self._tick()
-    return self
-
-
-def _constant(value: Any) -> Any:
-    def method(self: _Pending, *args: Any) -> Any:
-        self._tick()
-        return value
-
-    return method
-
-
-_SAME = "add radd sub rsub mul rmul truediv rtruediv floordiv rfloordiv mod rmod pow rpow neg pos"
-_SAME += " abs invert and rand or ror xor rxor lshift rlshift rshift rrshift getitem call round"
-for _name in [*_SAME.split(), "floor", "ceil", "trunc", "matmul", "rmatmul"]:
-    setattr(_Pending, f"__{_name}__", _same)
-for _name, _value in {
-    "eq": True, "ne": False, "lt": True, "le": True, "gt": True, "ge": True, "bool": True,
-    "contains": True, "len": 0, "index": 0, "int": 0, "float": 0.0, "complex": 0j, "hash": 0,
-    "str": "", "repr": "<pending>", "format": "",
-}.items():  # fmt: skip
-    setattr(_Pending, f"__{_name}__", _constant(_value))
-
-
-def _empty(self: _Pending) -> Iterator[Any]:
-    self._tick()
-    return iter(())
-
-
-setattr(_Pending, "__iter__", _empty)  # noqa: B010
-
-
-def _alarm(signum: int, frame: Any) -> None:
-    raise _JudgeTimeout()
-
-
 @contextlib.contextmanager
-def _limit(seconds: float) -> Iterator[None]:
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+def _limit(state: _State, seconds: float) -> Iterator[None]:
+    """The case alarm: recorded, then raised, and raised again every 0.1 s should the tests
+    catch it."""
+
+    def alarm(signum: int, frame: Any) -> None:
+        state.note("timeout", f"the tests ran past {seconds:g} s")
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        raise _JudgeTimeout(f"the tests ran past {seconds:g} s")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
     try:
         yield
     finally:
@@ -310,10 +132,59 @@ def _limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-def _describe(error: BaseException) -> str:
-    if isinstance(error, _CaseFailed | _Crashed | _CallTimeout):
-        return str(error)[:500]
-    return f"{type(error).__name__}: {error}"[:500]
+# ---- unittest: its failures recorded too -----------------------------------------------------
+
+
+@contextlib.contextmanager
+def _unittest_hooks(state: _State, ran: set[type]) -> Iterator[None]:
+    """While a round runs, unittest's result objects also record into the round's state."""
+    import unittest.result
+
+    result_cls = unittest.result.TestResult
+    saved = {n: result_cls.__dict__[n] for n in ("startTest", "addError", "addFailure")}
+    saved.update({n: result_cls.__dict__[n] for n in ("addSubTest", "addUnexpectedSuccess")})
+
+    def describe(test: Any, err: Any) -> str:
+        name = safe_str(getattr(test, "_testMethodName", None) or test, 100)
+        kind = err[0].__name__ if isinstance(err, tuple) and err and err[0] else "error"
+        detail = safe_str(err[1], 300) if isinstance(err, tuple) and len(err) > 1 else ""
+        return f"unittest {name}: {safe_str(kind, 80)}: {detail}"
+
+    def start(self: Any, test: Any) -> None:
+        state.checks += 1
+        ran.add(type(test))
+        saved["startTest"](self, test)
+
+    def failed(which: str) -> Callable[..., None]:
+        def hook(self: Any, test: Any, err: Any) -> None:
+            state.note("fail", describe(test, err))
+            saved[which](self, test, err)
+
+        return hook
+
+    def sub(self: Any, test: Any, subtest: Any, err: Any) -> None:
+        if err is not None:
+            state.note("fail", describe(subtest, err))
+        saved["addSubTest"](self, test, subtest, err)
+
+    def unexpected(self: Any, test: Any) -> None:
+        state.note("fail", f"unittest {safe_str(test, 100)}: unexpected success")
+        saved["addUnexpectedSuccess"](self, test)
+
+    patches = {
+        "startTest": start,
+        "addError": failed("addError"),
+        "addFailure": failed("addFailure"),
+        "addSubTest": sub,
+        "addUnexpectedSuccess": unexpected,
+    }
+    for name, fn in patches.items():
+        setattr(result_cls, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(result_cls, name, fn)
 
 
 # ---- one round -----------------------------------------------------------------------------
@@ -321,135 +192,297 @@ def _describe(error: BaseException) -> str:
 
 def judge_round(spec: JudgeSpec, answers: dict[str, str], discovery: bool) -> Round:
     """Run the tests once against ``answers`` (see the module docstring)."""
-    saved = random.getstate()
+    saved = random.getstate(), sys.modules.get("__main__"), sys.argv
     random.seed(0x5EED)
+    main = types.ModuleType("__main__")  # what `if __name__ == "__main__"` and unittest see
+    sys.modules["__main__"], sys.argv = main, ["tests"]
+    state = _State(answers, discovery)
+    ran: set[type] = set()
+    uses_unittest = "unittest" in "".join([*_sources(spec), spec.preamble])
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            return _round(spec, _State(answers, discovery))
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+            stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+            if uses_unittest:
+                stack.enter_context(_unittest_hooks(state, ran))
+            return _Round(spec, state, main.__dict__, ran).run()
     finally:
-        random.setstate(saved)
+        random.setstate(saved[0])
+        sys.argv = saved[2]
+        if saved[1] is not None:
+            sys.modules["__main__"] = saved[1]
 
 
-def _round(spec: JudgeSpec, state: _State) -> Round:
-    namespace: dict[str, Any] = {"__name__": "__areal_tests__", "__builtins__": builtins}
-    limit = spec.case_timeout_s
+def _sources(spec: JudgeSpec) -> list[str]:
+    return [spec.tests] if isinstance(spec.tests, str) else list(spec.tests)
 
-    def run(code: Any) -> tuple[str, str | None]:
-        try:
-            with _limit(limit):
-                exec(code, namespace)
-        except _Unknown:
-            return "unknown", None
-        except (_CallTimeout, _JudgeTimeout) as e:
-            return "timeout", str(e) or f"the tests ran past {limit:g} s"
-        except _Crashed as e:
-            return "crash", str(e)
-        except BaseException as e:
-            return "fail", _describe(e)
-        return "ok", None
 
-    def fail(message: Any = None) -> None:
-        if not state.dirty:
-            raise AssertionError() if message is None else AssertionError(message)
+class _Round:
+    def __init__(
+        self, spec: JudgeSpec, state: _State, namespace: dict[str, Any], ran: set[type]
+    ) -> None:
+        self.spec, self.state, self.namespace, self.ran = spec, state, namespace, ran
+        namespace.update(__builtins__=builtins, __areal_fail__=self.fail)
+        namespace["__areal_seen__"] = self.seen
+        self.values: set[str] = set()  # names bound to the solution's values
+        self.tainted: set[str] = set()  # names bound by statements that involved the solution
+        self.test_functions: dict[str, bool] = {}  # defined by the tests: name -> was called
+        self.total = self.passed = self.timeouts = 0
+        self.failures: list[str] = []
+        self.crashed: str | None = None
+        self.program_error: str | None = None
+        self.final = True  # every statement so far ran before the round's first unknown call
+        self.stopped = False  # the tests ended the program (sys.exit(0)) or a final failure
 
-    namespace["__areal_fail__"] = fail
-    preamble = preamble_code(spec.preamble) if spec.preamble.strip() else None
-    if preamble is not None:
-        run(preamble)
-    entry = spec.entry_point
-    if spec.mode == "check":
-        bind: dict[str, str] = {entry: "function"} if entry else {}
-    else:
-        sources = [spec.tests] if isinstance(spec.tests, str) else list(spec.tests)
-        wanted = referenced(sources)
-        functions, values, modules = solution_names(spec.solution)
-        # never a name the preamble defines or a builtin: `def abs(x): return 0` must not
-        # change what the tests' own `abs(f(x) - y) < 1e-6` means
-        free = {n for n in wanted if n not in namespace and not hasattr(builtins, n)}
-        bind = {n: "function" for n in functions & free}
-        bind.update({n: "value" for n in values & free})
-        for alias, module in modules.items():
-            if alias in wanted and alias not in namespace and alias not in bind:
-                with contextlib.suppress(Exception):
-                    namespace[alias] = importlib.import_module(module)
-        if entry:
-            bind[entry] = "function"
-    for name, kind in sorted(bind.items()):
-        if kind == "function":
-            namespace[name] = _Proxy(name, state)
-            continue
-        try:  # a value not known yet is pending (strict rounds: left unbound, round unfinished)
-            namespace[name] = state.get(name)
-        except BaseException:  # not sendable, or not known: the tests that read it fail
-            continue
+    # -- hooks the compiled asserts call
 
-    setup_error: str | None = None
-    program_error: str | None = None  # the test program itself failed to run: an error
-    if spec.mode == "cases":
-        pieces: list[tuple[bool, Any]] = []
-        for i, case in enumerate(spec.tests):
-            try:
-                pieces.append((True, compile_tests(case, f"<test {i}>")))
-            except (SyntaxError, ValueError, RecursionError) as e:
-                pieces.append((True, f"test {i} does not compile: {e}"))
-    else:
-        source = str(spec.tests)
+    def seen(self) -> None:
+        self.state.checks += 1
+
+    def fail(self, message: Any = None) -> None:
+        if self.state.dirty:
+            return  # placeholders: nothing counts, let the statement go on
+        text = "AssertionError" if message is None else f"AssertionError: {safe_str(message)}"
+        self.state.note("fail", text)
+        raise AssertionError() if message is None else AssertionError(message)
+
+    # -- set-up
+
+    def bind(self) -> None:
+        spec, namespace = self.spec, self.namespace
+        namespace["__name__"] = "__main__"
+        if spec.preamble.strip():
+            code = preamble_code(spec.preamble)
+            if code is not None:
+                with contextlib.suppress(BaseException), _limit(self.state, spec.case_timeout_s):
+                    exec(code, namespace)
+        namespace["__name__"] = "__main__"
+        entry = spec.entry_point
         if spec.mode == "check":
-            try:
-                status, error = run(compile_tests(source, "<tests>"))
-            except (SyntaxError, ValueError, RecursionError) as e:
-                status, error = "fail", f"{type(e).__name__}: {e}"
-            if status != "ok" and not state.dirty:
-                setup_error = program_error = f"test program: {error}"
-            namespace["candidate"] = _Proxy(entry, state) if entry else None
-        found = split(source, "check" if spec.mode == "check" else None)
-        if found is None:  # cannot split: the whole check is one case
-            call = "check(candidate)" if spec.mode == "check" else source
-            try:
-                found = [(True, compile_tests(call, "<test>"))]
-            except (SyntaxError, ValueError, RecursionError) as e:
-                found = [(True, f"the tests do not compile: {e}")]
-        pieces = found
+            bind: dict[str, str] = {entry: "function"} if entry else {}
+        else:
+            sources = _sources(spec)
+            wanted = referenced(sources)
+            own = assigned(sources)
+            functions, values, modules = solution_names(spec.solution)
+            # never a name the tests bind themselves, the preamble defines or a builtin:
+            # `def abs(x): return 0` or `EXPECTED = 0` must not change what the tests mean
+            free = {
+                n
+                for n in wanted
+                if n not in namespace and n not in own and not hasattr(builtins, n)
+            }
+            bind = {n: "function" for n in functions & free}
+            bind.update({n: "value" for n in values & free})
+            for alias, module in modules.items():
+                if alias in wanted and alias not in namespace and alias not in bind:
+                    with contextlib.suppress(Exception):
+                        namespace[alias] = importlib.import_module(module)
+            if entry:
+                bind[entry] = "function"
+        for name, kind in sorted(bind.items()):
+            if kind == "function":
+                namespace[name] = _Proxy(name, self.state)
+                continue
+            self.values.add(name)
+            try:  # a value not known yet is pending (strict rounds: left unbound)
+                namespace[name] = self.state.get(name)
+            except BaseException:  # not sendable, or not known: the tests that read it fail
+                continue
+        if spec.mode == "check" and entry:
+            namespace["candidate"] = _Proxy(entry, self.state)
+        self.state.interactions = 0  # reading values at set-up is not a statement's doing
 
-    total = sum(1 for is_case, _ in pieces if is_case)
-    passed = timeouts = 0
-    failures: list[str] = []
-    crashed: str | None = None
-    final = True  # every case so far ran before the round's first unknown call
-    index = 0
-    for is_case, code in pieces:
-        if not is_case:
-            if setup_error is None:
-                status, error = run(code)
-                if status not in ("ok", "unknown") and not state.dirty:
-                    setup_error = f"test set-up failed: {error}"
-            continue
-        if setup_error is not None:
-            status, error = "fail", setup_error
-        elif isinstance(code, str):
-            status, error = "fail", code
+    # -- statements
+
+    def pieces(self) -> list[tuple[str, Piece]]:
+        spec = self.spec
+        if spec.mode == "cases":
+            return [("case", piece(case, f"<test {i}>")) for i, case in enumerate(spec.tests)]
+        source = str(spec.tests)
+        found = split(source, None)
+        if found is None:
+            whole = piece(source, "<tests>")
+            return [("program", whole)]
+        labelled = [("program", p) for p in found]
+        if spec.mode == "check":
+            body = split(source, "check")
+            if body is None:
+                body = [piece("check(candidate)", "<test>")]
+            labelled += [("check", p) for p in body]
+        return labelled
+
+    def involved(self, code: Any, interactions: int) -> bool:
+        if self.state.interactions > interactions:
+            return True
+        watched = self.values | self.tainted
+        return bool(watched) and bool(_names(code, self.namespace) & watched)
+
+    def step(self, kind: str, item: Piece | Callable[[], Any]) -> None:
+        """Run one statement (or one test function) and count it."""
+        state = self.state
+        if isinstance(item, Piece) and isinstance(item.code, str):  # does not compile
+            self.count("fail", item.code, kind, case=True)
+            return
+        budget = self.spec.case_timeout_s
+        if self.spec.deadline is not None:
+            budget = min(budget, self.spec.deadline - time.monotonic())
+        events, interactions, checks = len(state.events), state.interactions, state.checks
+        escaped: str | None = None
+        if budget <= 0:
+            state.note("timeout", "the grade ran out of time")
         else:
-            status, error = run(code)
-        if state.dirty:
-            final = False
-        elif status == "ok":
-            passed += 1
+            try:
+                with _limit(state, budget):
+                    if isinstance(item, Piece):
+                        exec(item.code, self.namespace)
+                    else:
+                        item()
+            except SystemExit as e:
+                if e.code in (None, 0, False):
+                    self.stopped = True  # the program ended, as it would in Python
+                else:
+                    escaped = f"SystemExit: {safe_str(e.code)}"
+            except _Signal:
+                pass  # recorded already (or an unknown call: the round is not final)
+            except BaseException as e:
+                escaped = _describe(e)
+        new = state.events[events:]
+        target = getattr(item, "__wrapped__", item)
+        code = item.code if isinstance(item, Piece) else getattr(target, "__code__", None)
+        if new:
+            status, message = new[0]
+        elif state.dirty:
+            self.final = False
+            return
+        elif escaped is not None:
+            status, message = "fail", escaped
         else:
-            timeouts += status == "timeout"
-            if status == "crash" and crashed is None:
-                crashed = error
-            failures.append(f"case {index}: {error}")
-            if spec.fail_fast:
+            status, message = "ok", ""
+        involved = code is not None and self.involved(code, interactions)
+        ran_check = state.checks > checks or (isinstance(item, Piece) and item.checks)
+        if involved and isinstance(item, Piece):
+            # what it bound, and the containers it passed (the solution may change them)
+            self.tainted |= item.stores
+            for name in item.code.co_names:
+                if type(self.namespace.get(name)) in (list, dict, set):
+                    self.tainted.add(name)
+        program = kind == "program" and self.spec.mode == "check"
+        if program and status in _FINAL and not involved and self.program_error is None:
+            self.program_error = f"test program: {message}"
+        self.count(status, message, kind, case=status in _FINAL or (ran_check and involved))
+
+    def count(self, status: str, message: str, kind: str, *, case: bool) -> None:
+        if not case:
+            return
+        self.total += 1
+        if status == "ok":
+            self.passed += 1
+            return
+        self.timeouts += status == "timeout"
+        if status == "crash" and self.crashed is None:
+            self.crashed = message
+        self.failures.append(f"case {self.total - 1}: {message}")
+        if self.spec.fail_fast:
+            self.stopped = True
+
+    def track(self) -> None:
+        """Note the test functions defined so far (wrapped, to know if they get called)."""
+        for name, value in list(self.namespace.items()):
+            if name in self.test_functions or not _test_like(name, value):
+                continue
+            self.test_functions[name] = False
+            self.namespace[name] = self._tracked(name, value)
+
+    def _tracked(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.test_functions[name] = True
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def leftovers(self) -> list[Callable[[], Any]]:
+        """What pytest would still run: the test functions never called, and the unittest
+        classes none of whose tests ran."""
+        found: list[Callable[[], Any]] = [
+            self.namespace[name] for name, called in self.test_functions.items() if not called
+        ]
+        if "unittest" in sys.modules:
+            import unittest
+
+            for value in list(self.namespace.values()):
+                if (
+                    isinstance(value, type)
+                    and issubclass(value, unittest.TestCase)
+                    and value.__module__ == "__main__"
+                    and value not in self.ran
+                ):
+                    found.append(functools.partial(_run_test_case, value))
+        return found
+
+    def run(self) -> Round:
+        self.bind()
+        for kind, item in self.pieces():
+            self.step(kind, item)
+            self.track()
+            if self.stopped:
                 break
-        index += 1
-    decided = final or (spec.fail_fast and bool(failures))
-    return Round(
-        decided=decided,
-        total=total,
-        passed=passed,
-        case_timeouts=timeouts,
-        failures=tuple(failures[:5]),
-        crashed=crashed,
-        setup_error=program_error,
-        calls=() if decided else tuple(state.new.values()),
-    )
+        if not self.stopped:
+            for leftover in self.leftovers():
+                self.step("auto", leftover)
+                if self.stopped:
+                    break
+        decided = self.final or (self.spec.fail_fast and bool(self.failures))
+        failures = list(self.failures)
+        if decided and self.total == 0:
+            failures.append("no test checked the solution (nothing in the tests called it)")
+        return Round(
+            decided=decided,
+            total=self.total,
+            passed=self.passed,
+            case_timeouts=self.timeouts,
+            failures=tuple(failures[:5]),
+            crashed=self.crashed,
+            setup_error=self.program_error,
+            calls=() if decided else tuple(self.state.new.values()),
+        )
+
+
+def _test_like(name: str, value: Any) -> bool:
+    if not (name.startswith("test") and isinstance(value, types.FunctionType)):
+        return False
+    code = value.__code__
+    if not code.co_filename.startswith("<test"):
+        return False  # the preamble's, or an import's
+    required = code.co_argcount - len(value.__defaults__ or ())
+    kwonly = code.co_kwonlyargcount - len(value.__kwdefaults__ or {})
+    return required <= 0 and kwonly <= 0
+
+
+def _run_test_case(cls: type) -> None:
+    import unittest
+
+    suite = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+    unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
+
+
+def _names(code: Any, namespace: dict[str, Any]) -> set[str]:
+    """The global names ``code`` (and the code inside it, and the tests' functions it names)
+    may read."""
+    names: set[str] = set()
+    seen: set[int] = set()
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen or not isinstance(current, types.CodeType):
+            continue
+        seen.add(id(current))
+        names.update(current.co_names)
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+        for name in current.co_names:
+            value = namespace.get(name)
+            inner = getattr(value, "__wrapped__", value)
+            if isinstance(inner, types.FunctionType):
+                stack.append(inner.__code__)
+    return names

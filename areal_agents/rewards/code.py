@@ -74,12 +74,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal_agents.errors import RewardTimeout
+from areal_agents.errors import InfrastructureError, RewardTimeout
 from areal_agents.rewards._judge import Call, JudgeSpec, Round, judge_round
 from areal_agents.rewards._wire import dumps
-from areal_agents.rewards.base import Reward, RewardResult
+from areal_agents.rewards.base import Reward, RewardResult, error_text, safe_text
 from areal_agents.rewards.extract import extract_code_blocks
-from areal_agents.rewards.isolation import GradingFailed, run_isolated
+from areal_agents.rewards.isolation import prewarm, run_isolated
 from areal_agents.sandboxes import ExecResult, Sandbox, make_sandbox
 
 __all__ = [
@@ -91,8 +91,9 @@ __all__ = [
     "select_code",
 ]
 
-#: Most sandbox runs one grade may take (each answers a batch of calls; usually one is enough).
-MAX_RUNS = 8
+#: Most sandbox runs one grade may take (each answers a batch of calls; usually one is enough,
+#: and each must answer a call the others did not; ``timeout_s`` bounds them all).
+MAX_RUNS = 64
 _JUDGE_MIN_S = 5.0
 _MARK = "@areal:"
 
@@ -170,10 +171,16 @@ class TestReport:
     stdout: str
 
 
-def _defines(code: str, name: str) -> bool:
+def _parse(code: str) -> ast.Module | None:
     try:
-        tree = ast.parse(code)
-    except SyntaxError:
+        return ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # a NUL byte, deep nesting
+        return None
+
+
+def _defines(code: str, name: str) -> bool:
+    tree = _parse(code)
+    if tree is None:
         return f"def {name}(" in code
     return any(
         isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
@@ -194,11 +201,7 @@ def select_code(response: str, entry_point: str | None = None) -> str | None:
         return blocks[-1]
     text = response.strip()
     if text and entry_point and _defines(text, entry_point):
-        try:
-            ast.parse(text)
-        except SyntaxError:
-            return None
-        return text
+        return text if _parse(text) is not None else None
     return None
 
 
@@ -228,6 +231,8 @@ def run_unit_tests(
     """Run ``tests`` against ``code`` (already assembled) in ``sandbox`` (see the module
     docstring); infrastructure faults raise :class:`~areal_agents.errors.SandboxError`.
     ``fail_fast`` stops at the first failing case (the cases after it count as not passed)."""
+    prewarm(modules=(judge_round.__module__,), wait=True)  # its start-up is not the grade's
+    deadline = time.monotonic() + timeout_s
     spec = JudgeSpec(
         tests=tests.tests,
         mode=tests.mode,
@@ -236,10 +241,10 @@ def run_unit_tests(
         solution=code,
         case_timeout_s=case_timeout_s,
         fail_fast=fail_fast,
+        deadline=deadline,
     )
     limits = getattr(sandbox, "limits", None)
     budget = max(1024, int(getattr(limits, "max_output_bytes", 64 * 1024)) - 4096)
-    deadline = time.monotonic() + timeout_s
     answers: dict[str, str] = {}
     discovery, loaded, runs, stdout = True, False, 0, ""
     while True:
@@ -247,12 +252,15 @@ def run_unit_tests(
         try:
             found = run_isolated(judge_round, spec, answers, discovery, timeout_s=judge_s)
         except RewardTimeout:
-            if discovery:  # placeholders sent the tests into a loop: find calls one by one
-                discovery = False
+            if discovery and deadline - time.monotonic() > 0:
+                discovery = False  # placeholders sent the tests into a loop: find calls one by one
                 continue
             return _unfinished(None, "the tests ran out of time on the host", timed_out=True)
-        except GradingFailed as e:
-            return _unfinished(None, f"the tests could not be run: {e}", load_error=str(e))
+        except InfrastructureError:
+            raise
+        except Exception as e:  # GradingFailed, or a fault of the judge: never out of a step
+            why = f"the tests could not be run: {error_text(e)}"
+            return _unfinished(None, why, load_error=why)
         if found.decided and loaded:
             return _report(found, stdout)
         remaining = deadline - time.monotonic()
@@ -279,10 +287,11 @@ def run_unit_tests(
         loaded, stdout = True, run.stdout or stdout
         if found.decided:
             return _report(found, stdout)
-        if not run.answers:  # nothing answered: give up on these calls rather than loop
+        fresh = {k: v for k, v in run.answers.items() if k not in answers}
+        if calls and not fresh:  # nothing new answered: give up on these calls, never loop
             lost = dumps({"lost": "the sandbox run answered none of its calls"})
-            run.answers.update({call.key: lost for call in calls})
-        answers.update(run.answers)
+            fresh = {call.key: lost for call in calls if call.key not in answers}
+        answers.update(fresh)
 
 
 def _report(found: Round, stdout: str) -> TestReport:
@@ -315,7 +324,7 @@ def _program(
     job = {
         "solution": code,
         "entry_point": entry_point,
-        "calls": [[c.key, c.op, c.name, c.args, c.kwargs] for c in calls],
+        "calls": [[i, c.op, c.name, c.args, c.kwargs] for i, c in enumerate(calls)],
         "case_timeout": limit,
         "budget": budget,
     }
@@ -339,12 +348,13 @@ def _loads(text: str) -> Any:
 
 def _read(result: ExecResult, calls: Sequence[Call]) -> _Run:
     """The executor's lines in ``result`` (only string work here: values stay encoded until a
-    judge round, in a killable process, decodes them). The first line for an id wins; lines
-    for ids not in this batch, and anything unreadable, are ignored."""
-    batch = {call.key for call in calls}
+    judge round, in a killable process, decodes them). A line's id is the call's index in the
+    batch; the first line for an id wins; lines for other ids, and anything unreadable, are
+    ignored. Calls are answered in order, so in a run that did not end (no ``D`` or ``X``
+    line) the first call with no answer is the one it died (or ran out of time) in."""
+    batch = {str(i): call.key for i, call in enumerate(calls)}
     run = _Run()
     load: Any = None
-    started: list[str] = []
     ended = False
     for line in result.stdout.split("\n"):
         at = line.find(_MARK)
@@ -355,11 +365,9 @@ def _read(result: ExecResult, calls: Sequence[Call]) -> _Run:
         if kind == "L" and load is None:
             load = _loads(payload)
             load = load if isinstance(load, dict) else {"error": "unreadable load report"}
-        elif kind == "S" and ident in batch:
-            started.append(ident)
-        elif kind == "R" and ident in batch and ident not in run.answers:
+        elif kind == "R" and ident in batch and batch[ident] not in run.answers:
             if isinstance(_loads(payload), dict):
-                run.answers[ident] = payload
+                run.answers[batch[ident]] = payload
         elif kind in ("D", "X"):
             ended = True
             text = _loads(payload) if kind == "D" else None
@@ -372,12 +380,13 @@ def _read(result: ExecResult, calls: Sequence[Call]) -> _Run:
         else:
             tail = (result.stderr or result.stdout)[-300:]
             run.load_error = f"the test run ended early (exit code {result.exit_code}): {tail}"
+        run.load_error = None if run.load_error is None else safe_text(run.load_error)
         return run
     if "ok" not in load:
         run.load_timed_out = load.get("timeout") is True
-        run.load_error = str(load.get("error"))[:500]
+        run.load_error = safe_text(str(load.get("error")))
         return run
-    in_flight = next((i for i in reversed(started) if i not in run.answers), None)
+    in_flight = next((c.key for c in calls if c.key not in run.answers), None)
     if in_flight is not None and not ended:
         if result.timed_out:
             run.answers[in_flight] = dumps({"timeout": True})
@@ -449,6 +458,16 @@ class UnitTestReward(Reward):
     ) -> RewardResult:
         """Score already-extracted ``code`` in ``sandbox`` (or the reward's own, or a fresh
         one). A given sandbox is reset first unless ``reset=False`` (when it is known clean)."""
+        try:
+            return self._check(code, tests, sandbox, reset)
+        except InfrastructureError:
+            raise
+        except Exception as e:  # nothing a solution does may end the caller's step
+            return RewardResult(0.0, "error", {"error": f"grading failed: {error_text(e)}"})
+
+    def _check(
+        self, code: str, tests: UnitTests, sandbox: Sandbox | None, reset: bool
+    ) -> RewardResult:
         program = assemble_program(code, tests)
         box = sandbox or self.sandbox
         if box is not None:

@@ -102,7 +102,9 @@ def test_solution_names_never_replace_builtins_or_the_preamble() -> None:
         "def f():\n    return [1, 2]\ndef area(r):\n    return 0\n"
     )
     result = UnitTestReward(backend="process", mode="fraction").check(code, tests)
-    assert (result.reward, result.details["passed"]) == (0.5, 1), result  # only sorted(f())
+    # the abs() case fails (the builtin abs, not the solution's); sorted(f()) is the builtin's
+    # and the preamble's business, so it checks nothing of the solution: no case (issue 28 M2)
+    assert (result.reward, result.details["passed"], result.details["total"]) == (0.0, 0, 1)
 
 
 def test_stop_iteration_cannot_end_the_tests_loops_early() -> None:
@@ -223,11 +225,13 @@ def test_reading_the_sandbox_output_is_robust() -> None:
         [
             "garbage @areal:R",
             '@areal:L - {"ok":true}',
-            '@areal:R unknown-id {"ok":2}',
-            f"@areal:R {key} not json",
-            f"@areal:R {key} {'[' * 100000}",
-            f'text before @areal:R {key} {{"ok":2}}',
-            f'@areal:R {key} {{"ok":3}}',
+            '@areal:R 1 {"ok":2}',  # ids are the calls' places in the batch: 0 only here
+            f'@areal:R {key} {{"ok":2}}',
+            "@areal:R 0 not json",
+            f"@areal:R 0 {'[' * 100000}",
+            'text before @areal:R 0 {"ok":2}',
+            '@areal:R 0 {"ok":3}',
+            '@areal:D - ""',
         ]
     )
     run = _read(ExecResult(stdout=stdout, stderr="", exit_code=0), calls)
