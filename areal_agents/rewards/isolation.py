@@ -38,8 +38,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import io
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -73,6 +75,10 @@ DEFAULT_PRELOAD = ("areal_agents.rewards.math",)
 _BOOT = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
     "from areal_agents.rewards._grader import _zygote_main; _zygote_main(int(sys.argv[1]))"
+)
+#: The only variables of the caller that the grading processes see.
+_PASSED_ENV = frozenset(
+    {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONHASHSEED"}
 )
 # Native thread pools and fork() do not mix: the zygote keeps every library single-threaded.
 _SINGLE_THREADED = {
@@ -140,13 +146,17 @@ def _reference(fn: Callable[..., Any]) -> tuple[str, str]:
 
 
 class GraderPool:
-    """A zygote and up to ``max_workers`` forked workers (see the module docstring).
+    """A zygote and up to ``max_workers`` single-use workers (see the module docstring).
 
     Args:
         max_workers: grades that can run at once (default: the number of CPUs, at least 2).
         memory_mb: address-space limit of each worker (``None``: no limit).
         startup_timeout_s: bound on starting the zygote and on waiting for a free worker.
         preload: modules the zygote imports and warms before it is ready.
+        confine: confine each worker before its job (:mod:`._confine`: its own uid, no
+            writes, no processes, no sockets). ``False`` keeps only the memory limit: for
+            trusted grading code that needs the network or files, never for model text.
+        spares: workers the zygote keeps forked ahead (a grade then does not wait for a fork).
     """
 
     def __init__(
@@ -156,13 +166,19 @@ class GraderPool:
         memory_mb: int | None = 2048,
         startup_timeout_s: float = 120.0,
         preload: Sequence[str] = DEFAULT_PRELOAD,
+        confine: bool = True,
+        spares: int = 1,
     ) -> None:
         self.max_workers = max_workers or max(2, os.cpu_count() or 2)
         if self.max_workers < 1:
             raise ConfigError(f"max_workers={max_workers}: must be at least 1")
+        if spares < 0:
+            raise ConfigError(f"spares={spares}: must be 0 or more")
         self.memory_mb = memory_mb
         self.startup_timeout_s = startup_timeout_s
         self.preload = tuple(preload)
+        self.confine = confine
+        self.spares = spares
         self._reset_state()
         self._finalizer = weakref.finalize(self, GraderPool._shutdown, self._state)
 
@@ -170,7 +186,6 @@ class GraderPool:
         self._owner = os.getpid()
         self._cond = threading.Condition()
         self._zlock = threading.Lock()
-        self._idle: list[_Worker] = []
         self._workers: set[_Worker] = set()  # every worker not yet discarded
         self._live = 0
         # the zygote: process, control connection, ready flag, prepared modules, pids to reap
@@ -197,7 +212,7 @@ class GraderPool:
         """Stop the zygote and every worker; a later :meth:`run` starts them again."""
         self._check_owner()
         with self._cond:
-            workers, self._idle, self._live = list(self._workers), [], 0
+            workers, self._live = list(self._workers), 0
             self._workers = set()
         for worker in workers:
             worker.close()
@@ -238,8 +253,16 @@ class GraderPool:
     def _spawn_zygote(self, extra: Sequence[str] = ()) -> None:
         preload = list(dict.fromkeys([*self.preload, *extra]))
         parent_end, child_end = socket.socketpair()
-        env = {**os.environ, **_SINGLE_THREADED}
-        env["AREAL_GRADER_PRELOAD"] = json.dumps(preload)
+        config = {
+            "preload": preload,
+            "memory_mb": self.memory_mb,
+            "confine": self.confine,
+            "spares": self.spares,
+        }
+        # none of the caller's variables (API keys, tokens) reach the grading processes
+        env = {k: v for k, v in os.environ.items() if k in _PASSED_ENV}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env.update(_SINGLE_THREADED, AREAL_GRADER_CONFIG=json.dumps(config))
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(child_end.fileno()), json.dumps(sys.path)],
@@ -290,9 +313,9 @@ class GraderPool:
         try:
             with self._cond:
                 pids, self._to_reap = self._to_reap, []
-            if pids:
-                conn.send(("reap", pids))
             conn.send(request)
+            if pids:  # after the request: the zygote answers first, then reaps
+                conn.send(("reap", pids))
             if not conn.poll(max(0.0, deadline - time.monotonic())):
                 GraderPool._shutdown(self._state)  # a stuck zygote is replaced
                 raise GraderUnavailable("the grading process stopped answering")
@@ -301,13 +324,23 @@ class GraderPool:
             GraderPool._shutdown(self._state)
             raise GraderUnavailable(f"the grading process died: {e}") from e
 
+    def _prepare(self, module: str, deadline: float) -> None:
+        """Make the zygote import ``module`` (its later workers have it)."""
+        with self._zlock:
+            if module in self._zmodules:
+                return
+            reply = self._zcall(("prepare", module), deadline)
+            if reply[0] != "ok":
+                raise GraderUnavailable(f"the grading process cannot import {module}: {reply}")
+            self._zmodules.add(module)
+
     # -- workers
 
     def _fork(self, deadline: float) -> _Worker:
         with self._zlock:
             for attempt in (1, 2):
                 try:
-                    _, pid = self._zcall(("fork", self.memory_mb), deadline)
+                    _, pid = self._zcall(("fork",), deadline)
                     fd = recv_handle(self._state["conn"])
                     break
                 except GraderUnavailable:
@@ -323,23 +356,14 @@ class GraderPool:
         return worker
 
     def _acquire(self, deadline: float) -> _Worker:
+        """A fresh worker (never used), once fewer than ``max_workers`` are at work."""
         with self._cond:
-            while True:
-                while not self._idle and self._live >= self.max_workers:
-                    if not self._cond.wait(max(0.0, deadline - time.monotonic())):
-                        raise GraderUnavailable(
-                            f"no grading worker became free within {self.startup_timeout_s:g} s "
-                            f"({self.max_workers} busy)"
-                        )
-                if not self._idle:
-                    break
-                worker = self._idle.pop()
-                if not worker.conn.poll(0):  # an idle worker has nothing to say unless it died
-                    return worker
-                worker.close()
-                self._workers.discard(worker)
-                self._live -= 1
-                self._to_reap.append(worker.pid)
+            while self._live >= self.max_workers:
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    raise GraderUnavailable(
+                        f"no grading worker became free within {self.startup_timeout_s:g} s "
+                        f"({self.max_workers} busy)"
+                    )
             self._live += 1
         try:
             return self._fork(deadline)
@@ -349,15 +373,8 @@ class GraderPool:
                 self._cond.notify()
             raise
 
-    def _release(self, worker: _Worker) -> None:
-        with self._cond:
-            if worker in self._workers:
-                self._idle.append(worker)
-                self._cond.notify()
-                return
-        worker.close()  # the pool was closed while it worked
-
     def _discard(self, worker: _Worker) -> None:
+        """A worker is used once: killed (it may be exiting already) and reaped later."""
         worker.kill()
         with self._cond:
             if worker in self._workers:
@@ -366,29 +383,12 @@ class GraderPool:
                 self._to_reap.append(worker.pid)  # reaped by the zygote with its next request
             self._cond.notify()
 
-    def _prepare(self, worker: _Worker, module: str, deadline: float) -> None:
-        if module in worker.modules:
-            return
-        with self._zlock:
-            if module not in self._zmodules:
-                reply = self._zcall(("prepare", module), deadline)
-                if reply[0] != "ok":
-                    raise GraderUnavailable(f"the grading process cannot import {module}: {reply}")
-                self._zmodules.add(module)
-        worker.conn.send(("prepare", module))
-        if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
-            raise GraderUnavailable(f"a grading worker did not import {module} in time")
-        reply = worker.conn.recv()
-        if reply[0] != "ok":
-            raise GraderUnavailable(f"a grading worker cannot import {module}: {reply[1]!r}")
-        worker.modules.add(module)
-
     # -- the one public verb
 
     def run(self, fn: Callable[..., T], *args: Any, timeout_s: float, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` in a worker, killed after ``timeout_s`` seconds.
+        """``fn(*args, **kwargs)`` in a fresh worker, killed after ``timeout_s`` seconds.
 
-        ``fn`` must be a module-level function (it is imported by name in the worker);
+        ``fn`` must be a module-level function (it is imported by name in the zygote);
         arguments and result travel by pickle. Raises :class:`RewardTimeout` when the limit
         passes, :class:`GradingFailed` when the worker dies on this input (or runs out of
         memory), :class:`GraderUnavailable` when no worker can be had; any other exception
@@ -399,56 +399,89 @@ class GraderPool:
         module, qualname = _reference(fn)
         self._check_owner()
         deadline = time.monotonic() + self.startup_timeout_s
-        for attempt in (1, 2):
+        problem: BaseException | None = None
+        for _ in range(3):
+            self._prepare(module, deadline)
             worker = self._acquire(deadline)
-            try:
-                self._prepare(worker, module, deadline)
-                worker.conn.send(("call", module, qualname, args, kwargs))
-            except (EOFError, OSError) as e:  # the idle worker had died: use another one
+            if module not in worker.modules:  # the zygote was restarted meanwhile
                 self._discard(worker)
-                if attempt == 2:
-                    raise GraderUnavailable(f"grading workers keep dying: {e}") from e
+                continue
+            try:
+                worker.conn.send(("call", module, qualname, args, kwargs))
+            except (EOFError, OSError) as e:  # the worker died before its job: use another
+                self._discard(worker)
+                problem = e
                 continue
             except BaseException:
                 self._discard(worker)
                 raise
             return self._wait(worker, qualname, timeout_s)
-        raise AssertionError("unreachable")
+        raise GraderUnavailable(f"grading workers keep dying: {problem}")
 
     def _wait(self, worker: _Worker, name: str, timeout_s: float) -> Any:
         try:
-            ready = worker.conn.poll(timeout_s)
-        except BaseException:
+            if not worker.conn.poll(timeout_s):
+                raise RewardTimeout(
+                    f"{name} did not finish within {timeout_s:g} s (the grading process was killed)"
+                )
+            try:
+                data = worker.conn.recv_bytes(MAX_REPLY_BYTES)
+            except (EOFError, OSError):
+                raise GradingFailed(f"the grading process died while running {name}") from None
+            try:
+                reply = _load_reply(data)
+            except Exception as e:  # not a reply this process will read (see _load_reply)
+                raise GradingFailed(f"{name}: its reply cannot be read: {e!r}"[:500]) from None
+        finally:
             self._discard(worker)
-            raise
-        if not ready:
-            self._discard(worker)
-            raise RewardTimeout(
-                f"{name} did not finish within {timeout_s:g} s (the grading process was killed)"
-            )
-        try:
-            reply = worker.conn.recv()
-        except (EOFError, OSError):
-            self._discard(worker)
-            raise GradingFailed(f"the grading process died while running {name}") from None
-        except Exception as e:  # the exception it raised does not unpickle here
-            self._release(worker)
-            raise GradingFailed(f"{name} failed and its error cannot be read: {e!r}") from None
         status, value = reply[0], reply[1]
         if status == "ok":
-            self._release(worker)
             return value
         if status == "unpicklable":
-            self._release(worker)
             raise GradingFailed(f"{name}: {value} ({reply[2]})")
         if isinstance(value, MemoryError | RecursionError):
-            self._discard(worker)  # its heap or stack may be in a bad state
             raise GradingFailed(f"{name} ran out of {_resource(value)} on this input") from None
         if not isinstance(value, Exception):  # SystemExit, KeyboardInterrupt: not ours to raise
-            self._discard(worker)
             raise GradingFailed(f"{name} raised {type(value).__name__}: {value}") from None
-        self._release(worker)
         raise value
+
+
+#: Largest reply a worker may send (a larger one is a grading failure).
+MAX_REPLY_BYTES = 64 << 20
+# Classes a reply may name, besides every exception class of these modules (a worker's reply is
+# unpickled here, so it may name nothing whose construction does more than hold data).
+_REPLY_CLASSES = {
+    ("builtins", "complex"),
+    ("areal_agents.rewards._judge", "Round"),
+    ("areal_agents.rewards._calls", "Call"),
+    ("areal_agents.rewards.base", "RewardResult"),
+}
+_EXCEPTION_MODULES = ("builtins", "areal_agents.errors")
+
+
+class _ReplyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _REPLY_CLASSES or module in _EXCEPTION_MODULES:
+            found = super().find_class(module, name)
+            allowed = (module, name) in _REPLY_CLASSES or (
+                isinstance(found, type) and issubclass(found, BaseException)
+            )
+            if allowed:
+                return found
+        raise pickle.UnpicklingError(f"a grading reply may not name {module}.{name}"[:200])
+
+
+def _load_reply(data: bytes) -> tuple[Any, ...]:
+    """A worker's reply, unpickled with nothing but plain data, the reply classes and
+    exceptions allowed: a worker that model text took over cannot make this process run
+    anything by what it sends back."""
+    reply = _ReplyUnpickler(io.BytesIO(data)).load()
+    if not isinstance(reply, tuple) or len(reply) < 2 or reply[0] not in _REPLY_STATUSES:
+        raise pickle.UnpicklingError("not a grading reply")
+    return reply
+
+
+_REPLY_STATUSES = ("ok", "raised", "unpicklable")
 
 
 def _resource(error: BaseException) -> str:

@@ -17,13 +17,20 @@ answer would be wrong, so :class:`ReasoningGymReward` calls the dataset's own
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from areal_agents.errors import DependencyError
-from areal_agents.rewards.base import Reward, RewardResult, RewardTimeout, check_timeout
+from areal_agents.errors import DependencyError, InfrastructureError
+from areal_agents.rewards.base import (
+    Reward,
+    RewardResult,
+    RewardTimeout,
+    check_timeout,
+    error_text,
+)
 from areal_agents.rewards.extract import extract_answer
-from areal_agents.rewards.isolation import GradingFailed, run_isolated, warm_up
+from areal_agents.rewards.isolation import run_isolated, warm_up
 
 __all__ = ["ReasoningGymReward", "reasoning_gym_scorer", "score_with_reasoning_gym"]
 
@@ -80,9 +87,12 @@ class ReasoningGymReward(Reward):
             )
         except RewardTimeout:
             return self.timed_out(f"reasoning-gym {dataset} verifier")
-        except GradingFailed as e:
-            return RewardResult(
-                0.0, "error", {"answer": answer, "dataset": dataset, "error": str(e)}
-            )
+        except InfrastructureError:
+            raise
+        except Exception as e:  # GradingFailed, or the verifier raised on this answer
+            details = {"answer": answer, "dataset": dataset, "error": error_text(e)}
+            return RewardResult(0.0, "error", details)
+        if not math.isfinite(value):
+            return RewardResult(0.0, "error", {"answer": answer, "dataset": dataset})
         status = "correct" if value >= 1.0 else "wrong" if value <= 0.0 else "partial"
         return RewardResult(value, status, {"answer": answer, "dataset": dataset})

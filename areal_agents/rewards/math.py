@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from typing import Any
 
-from areal_agents.errors import DependencyError
-from areal_agents.rewards.base import Reward, RewardResult, RewardTimeout, check_timeout
+from areal_agents.errors import DependencyError, InfrastructureError
+from areal_agents.rewards.base import (
+    Reward,
+    RewardResult,
+    RewardTimeout,
+    check_timeout,
+    error_text,
+)
 from areal_agents.rewards.extract import extract_answer_tag, extract_boxed
-from areal_agents.rewards.isolation import GradingFailed, run_isolated, warm_up
+from areal_agents.rewards.isolation import run_isolated, warm_up
 
-__all__ = ["MathEquivalence", "math_equal"]
+__all__ = ["MathEquivalence", "math_answer_equal", "math_equal"]
 
 _MAX_ANSWER_CHARS = 1000
 
@@ -70,6 +77,56 @@ def math_equal(answer: str, gold: str | float | int) -> bool:
     return bool(mv.verify(gold_parsed, answer_parsed, timeout_seconds=None))
 
 
+# A hedge: several answers joined by "or"/"and" (``x = 5 \lor x = 6``) or a chain of equations
+# whose sides differ (``5 = 6``). math-verify reads only the last one, so each part is graded.
+_CONNECTIVE = re.compile(
+    r"\\(?:lor|vee|land|wedge)(?![A-Za-z])"
+    r"|\\(?:text|textrm|mathrm|mbox|textbf)\s*\{\s*(?:or|and)\s*\}"
+    r"|(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])"
+)
+_NAME = re.compile(r"(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[A-Za-z0-9]+\}?)?(?:\([A-Za-z0-9_,\s]*\))?\Z")
+
+
+def _split_equation(text: str) -> list[str]:
+    """The sides of a chain ``a = b = c`` (an ``=`` outside any bracket, not part of ``<=``,
+    ``>=``, ``!=`` or ``==``); ``[text]`` when it has none."""
+    sides, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "{([":
+            depth += 1
+        elif ch in "})]":
+            depth -= 1
+        elif ch == "=" and depth == 0:
+            before = text[i - 1] if i else ""
+            after = text[i + 1] if i + 1 < len(text) else ""
+            if before in "<>!=" or after == "=":
+                return [text]
+            sides.append(text[start:i])
+            start = i + 1
+    sides.append(text[start:])
+    return [s for s in (side.strip() for side in sides)]
+
+
+def math_answer_equal(answer: str, gold: str | float | int) -> bool:
+    r"""Whether ``answer`` is ``gold``, with no hedging: each part of ``x = 5 \lor x = 6`` and
+    each side of ``5 = 6`` that is not a bare name (``x``, ``a_1``, ``f(x)``) must equal
+    ``gold`` (unless ``gold`` itself is an equation or a compound statement). What the grading
+    process runs for :class:`MathEquivalence`."""
+    gold_text = str(gold)
+    if "=" in gold_text or _CONNECTIVE.search(gold_text):
+        return math_equal(answer, gold)
+    pieces = [p.strip() for p in _CONNECTIVE.split(answer)]
+    compared = 0
+    for piece in pieces:
+        for side in _split_equation(piece):
+            if _NAME.match(side.replace(" ", "")):
+                continue
+            if not side or not math_equal(side, gold):
+                return False
+            compared += 1
+    return compared > 0
+
+
 @warm_up
 def _build_parsers() -> None:
     # math-verify builds its LaTeX parser and regexes on first use: pay that in the zygote
@@ -108,11 +165,13 @@ class MathEquivalence(Reward):
         if len(answer) > _MAX_ANSWER_CHARS:
             return RewardResult(0.0, "format_error", {"error": "answer too long"})
         try:
-            equal = run_isolated(math_equal, answer, reference, timeout_s=self.timeout_s)
+            equal = run_isolated(math_answer_equal, answer, reference, timeout_s=self.timeout_s)
         except RewardTimeout:
             return self.timed_out("math-verify")
-        except GradingFailed as e:
-            return RewardResult(0.0, "error", {"answer": answer, "error": str(e)})
+        except InfrastructureError:
+            raise
+        except Exception as e:  # GradingFailed, or the verifier's own error: never out of a step
+            return RewardResult(0.0, "error", {"answer": answer, "error": error_text(e)})
         if equal:
             return RewardResult(1.0, "correct", {"answer": answer})
         return RewardResult(0.0, "wrong", {"answer": answer})

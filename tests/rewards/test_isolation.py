@@ -32,16 +32,22 @@ def test_values_and_exceptions_come_back(pool: GraderPool) -> None:
         pool.run(int, "x", timeout_s=30)
 
 
-def test_the_worker_is_persistent_and_replaced_after_a_timeout(pool: GraderPool) -> None:
+def test_every_grade_runs_in_a_fresh_worker_and_a_timed_out_one_is_killed(
+    pool: GraderPool,
+) -> None:
     first = pool.run(os.getpid, timeout_s=30)
-    assert pool.run(os.getpid, timeout_s=30) == first != os.getpid()  # one warm worker reused
+    second = pool.run(os.getpid, timeout_s=30)
+    assert len({first, second, os.getpid()}) == 3  # never a reused worker (issue 28, H1)
     start = time.monotonic()
     with pytest.raises(RewardTimeout):
         pool.run(pow, 9, 9**9, timeout_s=0.5)  # holds the GIL of its process for minutes
     assert time.monotonic() - start < 20  # it came back: a thread-based limit never would
-    replacement = pool.run(os.getpid, timeout_s=30)
-    assert replacement not in (first, os.getpid())
-    assert not _alive(first)  # the worker that timed out is gone
+    assert pool.run(pow, 2, 5, timeout_s=30) == 32
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in (first, second)) and time.monotonic() < deadline:
+        pool.run(abs, 1, timeout_s=30)  # each request lets the zygote reap the used workers
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in (first, second))
 
 
 def test_a_worker_that_dies_on_its_input_is_a_grading_failure(pool: GraderPool) -> None:
@@ -92,31 +98,41 @@ def test_the_default_pool_is_shared() -> None:
     assert run_isolated(max, 1, 5, timeout_s=30) == 5
 
 
+def _zygote_pid() -> int:
+    return default_pool()._state["proc"].pid  # type: ignore[no-any-return]
+
+
 def test_a_forked_child_gets_its_own_grader_and_the_parent_keeps_its_own() -> None:
-    parent_worker = run_isolated(os.getpid, timeout_s=60)
+    run_isolated(os.getpid, timeout_s=60)
+    parent_zygote = _zygote_pid()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: the inherited pool is not shared, a new one starts
         try:
-            os.write(write, str(run_isolated(os.getpid, timeout_s=120)).encode())
+            run_isolated(os.getpid, timeout_s=120)
+            os.write(write, str(_zygote_pid()).encode())
         finally:
             os._exit(0)
     os.close(write)
     with os.fdopen(read) as f:
-        child_worker = int(f.read() or 0)
+        child_zygote = int(f.read() or 0)
     os.waitpid(pid, 0)
-    assert child_worker not in (0, parent_worker)
-    assert run_isolated(os.getpid, timeout_s=60) == parent_worker
+    assert child_zygote not in (0, parent_zygote)
+    assert run_isolated(abs, -3, timeout_s=60) == 3
+    assert _zygote_pid() == parent_zygote
 
 
 _ORPHAN = textwrap.dedent(
     """
-    import json, os, sys, threading
+    import json, os, sys, threading, time
     from areal_agents.rewards import GraderPool
     pool = GraderPool(preload=())
-    worker = pool.run(os.getpid, timeout_s=60)
+    pool.run(os.getpid, timeout_s=60)
     zygote = pool._state["proc"].pid
     threading.Thread(target=pool.run, args=(pow, 9, 9 ** 9), kwargs={"timeout_s": 600}).start()
+    while not pool._workers:
+        time.sleep(0.01)
+    worker = next(iter(pool._workers)).pid  # the busy one
     print(json.dumps([zygote, worker]), flush=True)
     threading.Event().wait()
     """
