@@ -125,6 +125,11 @@ def parse(cls: type[T], argv: Sequence[str], flags: Mapping[str, str] | None = N
 
     parser.error = refuse  # type: ignore[method-assign]
     args = parser.parse_intermixed_args(argv)  # `-m` may come anywhere
+    modes = [f for f in ("run", "multirun", "cfg", "info", "shell_completion") if getattr(args, f)]
+    if len(modes) > 1:
+        refuse(f"{' and '.join('--' + m.replace('_', '-') for m in modes)}: choose one")
+    if args.resolve and not args.cfg:
+        refuse("--resolve goes with --cfg")
     overrides = list(args.overrides)
     return Command(cls, overrides, args, parser, files, check, bool(args.help))
 

@@ -28,12 +28,10 @@ whose defaults list is the root's, so its values apply after the groups and befo
 command line's overrides. Hydra's own ``--config-dir DIR --config-name NAME`` takes a file
 with a defaults list (``defaults: [train, _self_]``, ``- override /env: calculator``).
 
-**What a user gives is checked before Hydra sees it.** ``config=`` files are read by
-:func:`~areal_agents.config_values.read_config_file` (size, UTF-8, plain YAML, aliases
-expanded to at most 100 000 values; errors never quote the file), and a value on the command
-line or in a file may call no OmegaConf resolver but Hydra's ``${hydra:...}`` and
-``${now:...}`` (:func:`~areal_agents.config_values.check_interpolations`: ``${oc.env:...}``
-would copy the environment into the run's records); ``${key}`` references stay.
+**What a user gives is checked before Hydra sees it**: ``config=`` files
+(:func:`~areal_agents.config_values.read_config_file`), and resolvers in values
+(:func:`~areal_agents.config_values.check_interpolations`: ``${key}``, ``${hydra:...}`` and
+``${now:...}`` only).
 
 What the home-made parser (replaced by Hydra) did and Hydra does differently, Hydra's way
 kept: a value with a comma must be quoted or written as a list (``key=[a,b]``; unquoted
@@ -63,9 +61,11 @@ areal_agents.errors.ConfigError: steps: expected an integer, got 0.001
 
 import contextlib
 import dataclasses
+import functools
 import os
+import sys
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -202,11 +202,12 @@ def register(cls: type, hydra: Mapping[str, Any] | None = None) -> str:
     for group, tp in groups.items():
         value = getattr(default, group)
         names = list(getattr(tp, "preset_names", tuple)())
-        choice = next((n for n in names if tp.from_name(n) == value), None)  # type: ignore[attr-defined]
+        presets = {n: _preset(cls, group, n)[0] for n in names}
+        choice = next((n for n in names if presets[n] == value), None)
         _OPTIONS.pop(group, None)
         ConfigStore.instance().repo.pop(group, None)
         for option in names:
-            _store_option(group, tp, option, tp.from_name(option))  # type: ignore[attr-defined]
+            _store_option(group, tp, option, presets[option])
         if choice is None:
             choice = str(getattr(value, "name", "default"))
             _store_option(group, tp, choice, value)
@@ -224,6 +225,44 @@ def register(cls: type, hydra: Mapping[str, Any] | None = None) -> str:
     ConfigStore.instance().store(name=name, node=node)
     _ROOTS[name] = key
     return name
+
+
+def _preset(cls: type, group: str, name: str) -> tuple[Any, dict[str, str]]:
+    """The option ``name`` of ``cls``'s config group ``group``, and notes (key -> text) on
+    what it changed.
+
+    A group whose dataclass has ``with_preset`` (``inference``) moves the root's default section
+    to the option, keeping what the option accepts (``inference=vllm`` keeps the recipe's
+    ``inference.max_tokens``); any other group's option is ``from_name(name)``. A
+    :class:`ConfigError` (or ``from_name``'s ``TypeError``/``ValueError``) names ``group``.
+    """
+    tp = group_fields(cls)[group]
+    try:
+        if hasattr(tp, "with_preset"):
+            value, notes = getattr(_root_default(cls), group).with_preset(name)
+            return value, dict(notes)
+        return tp.from_name(name), {}  # type: ignore[attr-defined]
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{group}={name!r}: {e}") from None
+
+
+@functools.cache
+def _root_default(cls: type) -> Any:
+    return cls()
+
+
+_SAID: set[str] = set()
+
+
+def _note(notes: Mapping[str, str], group: str, explicit: Collection[str]) -> None:
+    """Print each note once per process (``note: ...`` on stderr), except those on a key the
+    user sets (``explicit``): the user's value is then checked as given."""
+    for key, text in notes.items():
+        if f"{group}.{key}" not in explicit and text not in _SAID:
+            _SAID.add(text)
+            print(f"note: {text}", file=sys.stderr)
 
 
 def _key_type(cls: type, key: str) -> Any:
@@ -251,14 +290,21 @@ def prepare_overrides(
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     groups = group_fields(cls)
+    parser = OverridesParser.create()
+    explicit = {parser.parse_overrides([text])[0].key_or_group for text in overrides}
     out: list[str] = []
     for text in overrides:
-        override = OverridesParser.create().parse_overrides([text])[0]
+        override = parser.parse_overrides([text])[0]
         key = override.key_or_group
         check_interpolations(text, key)
         if override.package is not None or override.is_delete():
             out.append(text)
             continue
+        group, _, sub = key.partition(".")
+        if sub and sub == getattr(groups.get(group), "PRESET_KEY", None) and text[0] not in "+~":
+            # inference.engine=vllm is inference=vllm: the section moved to that engine
+            text = f"{group}={text.split('=', 1)[1]}"
+            override, key = parser.parse_overrides([text])[0], group
         if key not in groups:
             tp = _key_type(cls, key)
             value = None if override.is_sweep_override() else override.value()
@@ -280,26 +326,19 @@ def prepare_overrides(
         for name in names:
             if config_dir is not None and (Path(config_dir) / key / f"{name}.yaml").is_file():
                 options.append(name)
-            elif _stored(key, groups[key], _option(name)):
+                continue
+            value, notes = _preset(cls, key, name)
+            _note(notes, key, explicit)
+            if _stored(key, groups[key], _option(name)):
                 options.append(_option(name))
             else:
-                tp = groups[key]
-                options.append(_store_option(key, tp, name, _from_name(tp, name, key)))
+                options.append(_store_option(key, groups[key], name, value))
         if options == names:
             out.append(text)
         else:
             prefix = text[: len(text) - len(text.lstrip("+"))]
             out.append(f"{prefix}{key}={','.join(options)}")
     return out
-
-
-def _from_name(tp: Any, name: str, key: str) -> Any:
-    try:
-        return tp.from_name(name)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{key}={name!r}: {e}") from None
 
 
 def _file_primary(cls: type, base: str, files: Sequence[str]) -> str:
@@ -312,11 +351,21 @@ def _file_primary(cls: type, base: str, files: Sequence[str]) -> str:
         data = _merge(data, read_config_file(file))
     defaults: list[Any] = [base]
     for group, tp in group_fields(cls).items():
-        if isinstance(data.get(group), str):
+        section, name = data.get(group), None
+        if isinstance(section, str):
             name = data.pop(group)
+        elif isinstance(section, Mapping) and isinstance(
+            section.get(getattr(tp, "PRESET_KEY", None)), str
+        ):  # {inference: {engine: vllm, ...}} chooses the engine's option, then sets the keys
+            section = dict(section)
+            name = section.pop(tp.PRESET_KEY)  # type: ignore[attr-defined]
+            data[group] = section
+        if name is not None:
             option = _option(name)
+            value, notes = _preset(cls, group, name)
+            _note(notes, group, {f"{group}.{k}" for k in section or ()})
             if not _stored(group, tp, option):
-                _store_option(group, tp, name, _from_name(tp, name, group))
+                _store_option(group, tp, name, value)
             defaults.append({f"override /{group}": option})
     node = OmegaConf.create(data)
     _open_dicts(cls, node)

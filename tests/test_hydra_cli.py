@@ -3,6 +3,7 @@ errors that name the key, and run directories where users expect them."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -11,8 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
-from areal_agents.config import group_fields, load_config
+from areal_agents.config import compose, from_dict, group_fields, load_config
 from areal_agents.errors import ConfigError
 from areal_agents.train import main
 from areal_agents.trainers.config import TrainConfig
@@ -52,11 +54,15 @@ def test_every_preset_of_every_group_is_a_hydra_option() -> None:
         names = tp.preset_names()  # type: ignore[attr-defined]
         assert names, group
         for name in names:
-            cfg = load_config(TrainConfig, [f"{group}={name}", "env.group_size=2"])
-            expected = tp.from_name(name)  # type: ignore[attr-defined]
+            node = compose(TrainConfig, [f"{group}={name}", "env.group_size=2"])
+            if hasattr(tp, "with_preset"):  # inference: the recipe's section, moved to the engine
+                expected = getattr(TrainConfig(), group).with_preset(name)[0]
+            else:
+                expected = tp.from_name(name)  # type: ignore[attr-defined]
             if group == "env":
                 expected.group_size = 2
-            assert getattr(cfg, group) == expected
+            # what Hydra composed (TrainConfig may then derive values: algo.norm_tokens)
+            assert from_dict(tp, OmegaConf.to_container(node[group], resolve=True)) == expected
 
 
 def test_open_ended_group_options_and_dict_keys() -> None:
@@ -224,9 +230,8 @@ def hydra_uses(path: Path) -> list[str]:
             found += [a.name for a in node.names if a.name.split(".")[0] == "hydra"]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "hydra":
             found += [f"{node.module}:{a.name}" for a in node.names]
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            if node.value.id == "hydra":
-                found.append(f"hydra:{node.attr}")
+        elif isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "hydra":
+            found.append(f"hydra:{node.attr}")
     return found
 
 
@@ -270,6 +275,68 @@ def test_hydras_flags_behave_as_in_any_hydra_app(
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.startswith("Hydra 1.")
-    main(["--info", "defaults", *TINY])  # Hydra's own answer (logged), nothing run
+    loggers = {name: list(log.handlers) for name, log in logging.root.manager.loggerDict.items()
+               if isinstance(log, logging.Logger)}  # fmt: skip
+    root = list(logging.root.handlers)
+    try:
+        main(["--info", "defaults", *TINY])  # Hydra's own answer (logged), nothing run
+    finally:  # --info sets up Hydra's logging on this test's captured stdout: undo it
+        logging.root.handlers[:] = root
+        for name, handlers in loggers.items():
+            logging.getLogger(name).handlers[:] = handlers
     assert "model/tiny" in capsys.readouterr().out + caplog.text
     assert not trained[2:] and not list(cwd.iterdir())
+
+
+# ---- switching the inference engine keeps the recipe ----------------------------------------
+
+
+def cfg_job(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:
+    """``--cfg job`` of ``argv``: the composed configuration, and what went to stderr."""
+    main(["--cfg", "job", *argv])
+    out, err = capsys.readouterr()
+    return yaml.safe_load(out), err
+
+
+def test_switching_the_engine_keeps_the_recipe_and_says_what_it_adapted(
+    cwd: Path, capsys: pytest.CaptureFixture[str], trained: list[TrainConfig]
+) -> None:
+    before, err = cfg_job([], capsys)
+    assert before["inference"]["max_tokens"] == 80 and before["inference"]["torch_threads"] == 1
+    assert "note:" not in err
+    expected = {**before, "inference": {**before["inference"], "engine": "vllm"}}
+    expected["inference"]["torch_threads"] = None  # vLLM takes its threads from its own binding
+    for switch in (["inference=vllm"], ["inference.engine=vllm"]):
+        after, err = cfg_job(switch, capsys)
+        assert after == expected, switch  # nothing else moved: max_tokens stays 80
+    # one line said what was adapted (once per process: the second switch says nothing new)
+    main(["--check", "inference=vllm", *TINY])
+    out, err = capsys.readouterr()
+    assert "torch_threads: null" in out and "configuration OK" in out
+    # what the user sets is kept and checked as given; the engine's other values too
+    after, err = cfg_job(["inference.engine=vllm", "inference.max_tokens=99"], capsys)
+    assert after["inference"] == {**expected["inference"], "max_tokens": 99}
+    with pytest.raises(SystemExit) as e:
+        main(["--check", "inference=vllm", "inference.torch_threads=2", *TINY])
+    assert e.value.code == 2 and "torch_threads does not apply" in capsys.readouterr().err
+    # back to the built-in engine: the recipe as it was
+    assert cfg_job(["inference.engine=builtin"], capsys)[0] == before
+    assert not trained and not list(cwd.iterdir())
+
+
+def test_the_engine_switch_prints_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_agents.train", "--cfg", "job", "inference.engine=vllm"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "note: inference.engine=vllm: inference.torch_threads=1 of the defaults left unset "
+        "(vLLM on CPU takes its threads from VLLM_CPU_OMP_THREADS_BIND)"
+    ]
+    assert yaml.safe_load(proc.stdout)["inference"]["max_tokens"] == 80

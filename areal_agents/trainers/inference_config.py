@@ -6,8 +6,8 @@ own module for its size: the engine, the servers, sampling, and how weights reac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
 
 from areal_agents.config_values import check_numbers
 from areal_agents.errors import ConfigError
@@ -80,8 +80,8 @@ class InferenceConfig:
         if self.torch_threads is not None and engine.torch_threads_note is not None:
             raise ConfigError(
                 f"inference.torch_threads does not apply to inference.engine={self.engine}: "
-                f"{engine.torch_threads_note} (set inference.torch_threads=null, or choose "
-                f"the engine with inference={self.engine}, whose preset leaves it unset)"
+                f"{engine.torch_threads_note} (leave inference.torch_threads out: choosing the "
+                "engine leaves the defaults' value unset)"
             )
         if self.weight_sync in ("nccl", "ipc") and self.engine != "vllm":
             raise ConfigError(
@@ -102,10 +102,38 @@ class InferenceConfig:
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"inference.top_p={self.top_p}: must be in (0, 1]")
 
+    #: ``inference.engine=NAME`` chooses the ``inference`` group's option ``NAME``
+    #: (:meth:`with_preset`), as ``inference=NAME`` does.
+    PRESET_KEY: ClassVar[str] = "engine"
+
     @classmethod
     def from_name(cls, name: str) -> InferenceConfig:
-        """``inference=builtin|vllm`` (any registered engine)."""
+        """``inference=builtin|vllm`` (any registered engine) on this dataclass's defaults."""
         return cls(engine=get_engine(name).name)
+
+    def with_preset(self, name: str) -> tuple[InferenceConfig, dict[str, str]]:
+        """This section moved to the engine ``name``: what ``inference=NAME`` and
+        ``inference.engine=NAME`` give on top of a recipe (the trainer's defaults).
+
+        Every value the engine takes is kept (the recipe's ``max_tokens=80`` stays 80); one it
+        cannot take is reset, and the returned notes (key -> why) say so: vLLM takes its CPU
+        threads from ``VLLM_CPU_OMP_THREADS_BIND``, so ``torch_threads`` is left unset.
+
+        >>> cfg, notes = InferenceConfig(max_tokens=80, torch_threads=1).with_preset("vllm")
+        >>> cfg.engine, cfg.max_tokens, cfg.torch_threads, list(notes)
+        ('vllm', 80, None, ['torch_threads'])
+        """
+        engine = get_engine(name)
+        moved = replace(self, engine=engine.name, torch_threads=None)  # checked without it first
+        notes: dict[str, str] = {}
+        if self.torch_threads is not None and engine.torch_threads_note is not None:
+            notes["torch_threads"] = (
+                f"inference.engine={engine.name}: inference.torch_threads={self.torch_threads} "
+                f"of the defaults left unset ({engine.torch_threads_note})"
+            )
+        else:
+            moved = replace(moved, torch_threads=self.torch_threads)
+        return moved, notes
 
     @classmethod
     def preset_names(cls) -> tuple[str, ...]:

@@ -26,17 +26,19 @@ def test_thread_env_and_validation() -> None:
         InferenceConfig(engine="vllm", torch_threads=1)
 
 
-def test_choosing_vllm_on_the_recipe_says_how() -> None:
-    """The recipe sets inference.torch_threads=1 for the built-in server, so switching only the
-    engine is refused, with the two ways that work; both of them do."""
+def test_choosing_vllm_on_the_recipe_keeps_it() -> None:
+    """The recipe sets inference.torch_threads=1 for the built-in server: switching the engine
+    leaves it unset (vLLM binds its own threads) and keeps the rest; a value the user gives for
+    it is refused, naming why (tests/test_hydra_cli.py compares --cfg job before and after)."""
     from areal_agents.config import load_config
     from areal_agents.trainers.config import TrainConfig
 
-    with pytest.raises(ConfigError, match=r"inference\.torch_threads=null.*inference=vllm"):
-        load_config(TrainConfig, ["inference.engine=vllm"])
-    for argv in (["inference.engine=vllm", "inference.torch_threads=null"], ["inference=vllm"]):
+    for argv in (["inference.engine=vllm"], ["inference=vllm"]):
         cfg = load_config(TrainConfig, argv)
         assert cfg.inference.engine == "vllm" and cfg.inference.torch_threads is None
+        assert cfg.inference.max_tokens == TrainConfig().inference.max_tokens
+    with pytest.raises(ConfigError, match="VLLM_CPU_OMP_THREADS_BIND"):
+        load_config(TrainConfig, ["inference.engine=vllm", "inference.torch_threads=1"])
 
 
 @pytest.mark.integration
