@@ -195,7 +195,7 @@ def read_config_file(file: str) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yaml.load(text, Loader=_UniqueKeys)  # a SafeLoader: plain YAML only
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -215,6 +215,22 @@ def read_config_file(file: str) -> dict[str, Any]:
         )
     _walk_strings(loaded, lambda text, key: check_interpolations(text, f"{where}: {key}"))
     return dict(loaded)
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in a mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[str] = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in seen:
+                    name = key.value if _NAME.fullmatch(key.value) else "a key"
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{name} is given twice", key.start_mark
+                    )
+                seen.add(key.value)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _problem(text: str | None) -> str:

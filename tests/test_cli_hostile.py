@@ -34,6 +34,7 @@ FILES = {
     "interp.yaml": "output_dir: ${oc.env:HOME}/x\n",
     "interp_nested.yaml": "env:\n  kwargs:\n    system_prompt: 'key ${oc.env:PATH}'\n",
     "interp_loop.yaml": "output_dir: ${output_dir}\n",
+    "dupkeys.yaml": "trainer:\n  seed: 1\n  seed: 2\n",
     "big.yaml": "# padding\n" * 200_000,
 }
 #: (the arguments, what the error must say)
@@ -52,6 +53,7 @@ ATTACKS = [
     (["config=interp.yaml"], "${oc.env:...} is not allowed"),
     (["config=interp_nested.yaml"], "env.kwargs.system_prompt: ${oc.env:...} is not allowed"),
     (["config=interp_loop.yaml"], "output_dir: Recursive interpolation"),
+    (["config=dupkeys.yaml"], "line 3, column 3: seed is given twice"),
     (["output_dir=" + "x" * 5000], "(5000 characters): cannot write there (File name too long)"),
     (["output_dir=${oc.env:HOME}"], "output_dir: ${oc.env:...} is not allowed"),
     (["output_dir=${oc.env:AWS_SECRET_ACCESS_KEY}"], "${oc.env:...} is not allowed"),
