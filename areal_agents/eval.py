@@ -10,12 +10,15 @@
 ``output_dir``: ``transcripts.jsonl`` (one line per finished episode, appended as they finish),
 ``summary.json`` (mean reward, unbiased pass@k, tool-call error rates, turns and tokens per
 episode, dropped episodes), ``config.yaml`` and ``index.html`` (a static transcript viewer).
-``--resume`` (or ``resume=true``) keeps the finished episodes and plays only the rest; an
-``output_dir`` that already holds an evaluation is refused unless ``--resume`` or
-``overwrite=true`` is given. ``--check`` validates the command and prints the resolved
-configuration without starting anything. ``policy.temperature`` unset means greedy (0.0) for
-``samples_per_task=1`` and 1.0 for pass@k with ``samples_per_task > 1``; the sampling settings
-used are in ``summary.json`` (``sampling``).
+Without ``output_dir`` each run gets a new folder, ``outputs/eval/<date>/<time>_<env>_<model>``
+(:func:`new_output_dir`; two runs started in the same second get two folders), so the same
+command can run again. ``--resume`` (or ``resume=true``) with the ``output_dir`` of an earlier
+run keeps its finished episodes and plays only the rest; an ``output_dir`` given that already
+holds an evaluation is refused unless ``--resume`` or ``overwrite=true`` is given. ``--check``
+validates the command and prints the resolved configuration without starting anything.
+``policy.temperature`` unset means greedy (0.0) for ``samples_per_task=1`` and 1.0 for pass@k
+with ``samples_per_task > 1``; the sampling settings used are in ``summary.json``
+(``sampling``).
 
 Episodes that hit an infrastructure fault (an endpoint that times out, fails or answers
 malformed replies, after the client's bounded retries) are dropped and counted, never scored
@@ -31,14 +34,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
+import re
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -60,6 +67,7 @@ __all__ = [
     "EvalPolicyConfig",
     "exit_status",
     "main",
+    "new_output_dir",
     "pass_at_k",
     "preflight",
     "run_eval",
@@ -100,6 +108,55 @@ def _check_resumable(cfg: EvalConfig, out: Path) -> None:
             )
     if (saved.get("policy") or {}).get("model") != cfg.policy.model:
         raise ConfigError(f"--resume: policy.model differs from the run in {out}")
+
+
+#: Where the runs without ``output_dir`` go, under the current directory.
+OUTPUTS = Path("outputs") / "eval"
+
+
+def new_output_dir(cfg: EvalConfig, *, create: bool = True, now: float | None = None) -> Path:
+    """The folder of a run without ``output_dir``: ``outputs/eval/<date>/<time>_<env>_<model>``.
+
+    ``create=True`` makes it here, with an exclusive ``mkdir``: a run started in the same second
+    (another process, the same command) finds it taken and gets ``..._2``, then ``..._3``, never
+    a folder another run writes to. ``create=False`` names the first one free now (``--check``).
+
+    >>> cfg = EvalConfig(env="remote:ws://127.0.0.1:8100/calculator")
+    >>> str(new_output_dir(cfg, create=False, now=0)).startswith("outputs/eval/19")
+    True
+    >>> new_output_dir(cfg, create=False, now=0).name[9:]
+    'remote-ws-127.0.0.1-8100-calculator_SmolLM2-135M-Instruct'
+    """
+    stamp = time.localtime(now)
+    model = Path(cfg.policy.model).name or cfg.policy.model
+    name = f"{time.strftime('%H-%M-%S', stamp)}_{_slug(cfg.env)}_{_slug(model)}"
+    base = OUTPUTS / time.strftime("%Y-%m-%d", stamp) / name
+    return _unique_dir(base, create=create)
+
+
+def _unique_dir(base: Path, *, create: bool = True) -> Path:
+    """``base``, or ``base_2``, ``base_3``...: the first an exclusive ``mkdir`` makes (or, with
+    ``create=False``, the first that does not exist)."""
+    try:
+        if create:
+            base.parent.mkdir(parents=True, exist_ok=True)
+        for n in itertools.count(1):
+            path = base.with_name(base.name if n == 1 else f"{base.name}_{n}")
+            if not create:
+                if not path.exists():
+                    return path
+                continue
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
+                return path
+    except OSError as e:
+        raise ConfigError(f"output_dir: cannot create {base} ({e.strerror})") from None
+    raise AssertionError("unreachable")
+
+
+def _slug(text: str) -> str:
+    """``text`` as part of a folder name: letters, digits and ``.+-``, at most 48 of them."""
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-.")[:48] or "x"
 
 
 def _make_policy(cfg: EvalPolicyConfig, base_url: str, model: str, temperature: float) -> Policy:
@@ -277,11 +334,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             return {}
         configs = cli.job_configs(command)
         cli.check_sweep_dirs(command, configs)
+        fresh = not command.multirun and not configs[0].output_dir  # a new folder of its own
+        if fresh:
+            configs = [
+                replace(configs[0], output_dir=str(new_output_dir(configs[0], create=False)))
+            ]
         for cfg in configs:  # a single run's directory is made now: Hydra writes .hydra/ there
-            preflight(cfg, create_dirs=not (command.check or command.multirun))
+            preflight(cfg, create_dirs=not (command.check or command.multirun or fresh))
         if command.check:
             for num, cfg in enumerate(configs):
-                where = cfg.output_dir
+                where = cfg.output_dir + (" (a new folder)" if fresh else "")
                 if command.multirun:
                     print(f"# job {num}: {' '.join(cli.job_overrides(command)[num])}")
                     if cli.default_output(command, cfg):
@@ -289,8 +351,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
                 print(f"configuration OK (nothing started); results would go to {where}")
             return {}
+        job: Callable[[EvalConfig], dict[str, Any]] = _job
         run_dir = None if command.multirun else configs[0].output_dir
-        results = cli.launch(command, _job, name="eval", sweep_dir=_SWEEP_DIR, run_dir=run_dir)
+        if fresh:  # made now, by this run only; Hydra composes the job with output_dir unset
+            run_dir = new = str(new_output_dir(configs[0]))
+            job = lambda cfg: _job(cfg if cfg.output_dir else replace(cfg, output_dir=new))  # noqa: E731
+        sweep_dir = _SWEEP_DIR
+        if command.multirun and not any(o.startswith("hydra.sweep.dir=") for o in args):
+            sweep_dir = str(_new_sweep_dir())
+        results = cli.launch(command, job, name="eval", sweep_dir=sweep_dir, run_dir=run_dir)
     except AgentsError as e:
         if argv is not None:
             raise
@@ -301,6 +370,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 #: ``hydra.sweep.dir`` of a ``-m`` sweep: each job writes to ``<sweep dir>/<job number>``.
 _SWEEP_DIR = "outputs/multirun/${now:%Y-%m-%d_%H-%M-%S}"
+
+
+def _new_sweep_dir() -> Path:
+    """A sweep's own directory, ``outputs/eval/multirun/<date>/<time>`` (``_2``... as
+    :func:`new_output_dir`): two sweeps started in the same second never share one."""
+    stamp = time.localtime()
+    day, now = time.strftime("%Y-%m-%d", stamp), time.strftime("%H-%M-%S", stamp)
+    return _unique_dir(OUTPUTS / "multirun" / day / now)
+
 
 #: What ``--help`` says about the flags, besides the keys.
 _HELP_FLAGS = (

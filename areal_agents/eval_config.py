@@ -78,9 +78,11 @@ class EvalConfig:
     """Episodes played at once."""
     pass_threshold: float = 1.0
     """An episode passes when its reward is at least this."""
-    output_dir: str = "outputs/eval"
+    output_dir: str = ""
     """Where ``summary.json``, ``transcripts.jsonl``, ``config.yaml`` and ``index.html`` go
-    (relative to the current directory)."""
+    (relative to the current directory). Empty: a new folder for each run,
+    ``outputs/eval/<date>/<time>_<env>_<model>`` (Hydra's ``outputs/<date>/<time>``, with the env
+    and the model named; ``_2``, ``_3``... when a run started in the same second has it)."""
     resume: bool = False
     """Keep finished episodes from ``output_dir`` and play only the missing ones (``--resume``)."""
     overwrite: bool = False
@@ -102,6 +104,11 @@ class EvalConfig:
             raise ConfigError(f"concurrency={self.concurrency}: must be at least 1")
         if self.resume and self.overwrite:
             raise ConfigError("resume=true and overwrite=true: choose one")
+        if self.resume and not self.output_dir:
+            raise ConfigError(
+                "resume=true (--resume) finishes an earlier evaluation: give its output_dir= "
+                "(a run without one writes to a new folder, which it says at the end)"
+            )
         if self.policy.temperature == 0 and self.samples_per_task > 1:
             raise ConfigError(
                 f"policy.temperature=0 with samples_per_task={self.samples_per_task}: greedy "

@@ -20,10 +20,11 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
+import yaml
 
 from areal_agents.envs.calculator import safe_eval
 from areal_agents.errors import ConfigError
-from areal_agents.eval import main, pass_at_k
+from areal_agents.eval import EvalPolicyConfig, main, pass_at_k
 from tests.policies.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.integration
@@ -304,7 +305,7 @@ def test_pass_at_k_samples_with_a_temperature_and_the_summary_says_so(
 def test_help_lists_every_key_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--help"])
     out = capsys.readouterr().out
-    expected = ("policy.max_tokens=512", "policy.temperature=None", "output_dir='outputs/eval'")
+    expected = ("policy.max_tokens=512", "policy.temperature=None", "output_dir=''")
     for line in (*expected, "config=FILE.yaml", "--resume", "--check"):
         assert line in out
 
@@ -359,3 +360,66 @@ def test_an_evaluation_closes_its_connections_before_its_loop_ends(
     assert summary["episodes"] == 2
     assert opened and all(c.is_closed() for c in opened)
     assert policy.endpoint._clients == {}
+
+
+# ---- one folder per run ------------------------------------------------------------------------
+
+
+def test_runs_without_an_output_dir_get_a_folder_each(
+    fake: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [f"policy.base_url={fake.base_url}", "policy.model=scripted", "progress=false"]
+    for _ in range(2):  # the same command twice in a row (same second, most likely)
+        assert main([*args, "num_episodes=2"])["episodes"] == 2
+    runs = sorted((tmp_path / "outputs" / "eval").glob("*/*"))
+    assert len(runs) == 2 and all((r / "summary.json").is_file() for r in runs), runs
+    assert runs[0].name.split("_")[1:] == ["calculator", "scripted"]  # time, env, model
+    saved = [yaml.safe_load((r / "config.yaml").read_text())["output_dir"] for r in runs]
+    assert sorted(Path(d).resolve() for d in saved) == runs  # each run says where it went
+    # an explicit output_dir keeps today's refusal and --resume
+    with pytest.raises(ConfigError, match="already holds an evaluation"):
+        main([*args, "num_episodes=2", f"output_dir={runs[0]}"])
+    resumed = main([*args, "num_episodes=4", f"output_dir={runs[0]}", "--resume"])
+    assert resumed["episodes"] == 4 and len(list((tmp_path / "outputs" / "eval").glob("*/*"))) == 2
+    with pytest.raises(ConfigError, match=r"--resume.*give its output_dir"):
+        main([*args, "--resume"])
+
+
+def test_two_runs_started_in_the_same_second_never_share_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from areal_agents.eval import EvalConfig, new_output_dir
+
+    monkeypatch.chdir(tmp_path)
+    cfg = EvalConfig(env="acme/MyTask-v0", policy=EvalPolicyConfig(model="/models/My Model"))
+    named = new_output_dir(cfg, create=False, now=1e9)  # what --check says: the first free one
+    assert named == new_output_dir(cfg, create=False, now=1e9) and not named.exists()
+    made: list[Path] = []
+    start = threading.Barrier(8)
+
+    def one() -> None:
+        start.wait()
+        made.append(new_output_dir(cfg, now=1e9))
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(made)) == 8 and all(p.is_dir() for p in made)
+    assert named in made and named.name.endswith("_acme-MyTask-v0_My-Model")
+    assert {p.name for p in made} == {named.name, *(f"{named.name}_{n}" for n in range(2, 9))}
+    assert new_output_dir(cfg, create=False, now=1e9).name == f"{named.name}_9"
+
+
+def test_check_without_an_output_dir_names_the_folder_and_makes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["--check", "policy.model=x"]) == {}
+    out = capsys.readouterr().out
+    assert re.search(r"results would go to outputs/eval/\S+/\S+_calculator_x \(a new folder\)", out)
+    assert not list(tmp_path.iterdir())

@@ -404,7 +404,7 @@ def _check_output(command: Command, stdout: str) -> None:
     if "areal_agents.train --help" in command.text:
         assert "config=FILE.yaml" in stdout and "trainer.total_steps=" in stdout
     elif "areal_agents.eval --help" in command.text:
-        assert "policy.max_tokens=512" in stdout and "output_dir='outputs/eval'" in stdout
+        assert "policy.max_tokens=512" in stdout and "outputs/eval/<date>/<time>_" in stdout
     elif "sandbox run" in command.text:
         assert stdout == "2\n"
     elif "sandbox doctor" in command.text:
@@ -426,13 +426,20 @@ def _train_twice(command: Command, first_run: Started, cwd: Path) -> None:
 
 
 def _eval_twice(command: Command, argv: list[str], cwd: Path, tmp_path: Path) -> None:
+    """The command as written, twice in a row from the same folder: each run gets a folder of
+    its own (``outputs/eval/<date>/<time>_<env>_<model>``); given that folder as ``output_dir``,
+    a third run is refused, as it would overwrite the results."""
     import json
 
-    out = tmp_path / "eval"
-    args = [*argv, *TINY_EVAL, f"output_dir={out}"]
-    first = ok(run(args, cwd), command.id)
-    assert f"results in {out}" in first
-    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    args = [*argv, *TINY_EVAL]
+    folders = []
+    for attempt in ("first", "again"):
+        out = ok(run(args, cwd), f"{command.id} ({attempt})")
+        found = re.search(r"^results in (\S+): summary\.json", out, re.M)
+        assert found, out[-2000:]
+        folders.append(Path(found.group(1)))
+    assert folders[0] != folders[1] and folders[0].parent.parent == cwd.resolve() / "outputs/eval"
+    summary: dict[str, Any] = json.loads((folders[0] / "summary.json").read_text())
     assert summary["episodes"] == 2 and summary["sampling"]["temperature"] == 1.0
-    again = run(args, cwd)  # the same command again must not overwrite the results
+    again = run([*args, f"output_dir={folders[1]}"], cwd)  # must not overwrite the results
     assert again.returncode == 2 and "already holds an evaluation" in again.stderr, again.stderr
