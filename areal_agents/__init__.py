@@ -19,12 +19,18 @@ of the package; the command lines, trainers and servers are modules to import.
 from __future__ import annotations
 
 import importlib
+import time
 from typing import TYPE_CHECKING, Any
 
+#: When this process started running the package (``time.time()``, before the package's
+#: imports): the zero of the trainer's start-up clock (:class:`~areal_agents.trainers.stop.
+#: StartupClock`), whatever ran in the process before Python did (``exec`` from a script).
+IMPORTED_AT = time.time()
+
 # the list of built-in environments (no environment module: entry points are strings)
-from areal_agents.envs.registry import register_builtin_envs as _register_builtin_envs
-from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
-from areal_agents.types import Message, ToolCall, ToolSpec, Trajectory, Turn
+from areal_agents.envs.registry import register_builtin_envs as _register_builtin_envs  # noqa: E402
+from areal_agents.errors import AgentsError, ConfigError, InfrastructureError  # noqa: E402
+from areal_agents.types import Message, ToolCall, ToolSpec, Trajectory, Turn  # noqa: E402
 
 if TYPE_CHECKING:
     from areal_agents.envs.registry import make_env, register_builtin_envs, resolve_env_id
@@ -32,6 +38,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "IMPORTED_AT",
     "AgentsError",
     "ConfigError",
     "InfrastructureError",

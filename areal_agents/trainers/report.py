@@ -10,9 +10,19 @@ are inline SVG drawn by a short script in the page: no server, no network, no li
 run goes on, the page reloads itself every ``refresh_s`` seconds (``#refresh=0`` turns it off);
 filters and the x axis are kept in the URL fragment.
 
+Once the run has ended, the page opens with what ``summary.json`` measured
+(:func:`held_out_view`): held-out success of the base model, after the warm start and after
+RL, each with its 95% interval (the summary's own, else Wilson's from the episode count), the
+paired changes between them with their intervals (``held_out.warm_start_gain``, ``rl_gain``,
+``gain``), each evaluation's tool calls and turns per episode, and the start-up figures (time to
+the first step, the start-up phases). The charts add the learner's policy movement
+(``policy/update_kl``, ``behavior/kl``, ``approx_kl``), the importance weights' quantiles and
+the clipped and masked fractions, when the run logs them.
+
 The trainer calls :func:`write_report` after every step and at the end; the file is replaced
-atomically, so a browser or a watcher never reads half of it. :func:`tool_metrics` gives the
-tool-call counts the error-rate chart plots.
+atomically, so a browser or a watcher never reads half of it. Any text is safe: a lone
+surrogate (from a model's output, a file name) is written escaped, never fatal.
+:func:`tool_metrics` gives the tool-call counts the error-rate chart plots.
 
 >>> tool_metrics([{"tool_calls": 3, "tool_errors": {"parse": 1, "unknown_tool": 1}}])
 {'tools/calls_per_episode': 3.0, 'tools/error_rate': 0.5, 'tools/error_rate/parse': 0.25, \
@@ -25,6 +35,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -33,8 +44,16 @@ from typing import Any
 import yaml
 
 from areal_agents.files import atomic_write, read_jsonl
+from areal_agents.stats import wilson_interval
 
-__all__ = ["REPORT_TEMPLATE", "refresh_report", "render_report", "tool_metrics", "write_report"]
+__all__ = [
+    "REPORT_TEMPLATE",
+    "held_out_view",
+    "refresh_report",
+    "render_report",
+    "tool_metrics",
+    "write_report",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +109,112 @@ def _finite(value: Any) -> Any:
     return value
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate (not valid Unicode: UTF-8 cannot hold it) as a
+    ``\\udXXX`` escape: valid JSON inside a string, plain text elsewhere."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def _script_safe(data: Any) -> str:
     # inside <script>, "</" could close the element early and "<!--" open a comment
     text = json.dumps(_finite(data), ensure_ascii=False, default=str, allow_nan=False)
-    return text.replace("</", "<\\/").replace("<!--", "<\\u0021--")
+    return _escape_surrogates(text.replace("</", "<\\/").replace("<!--", "<\\u0021--"))
+
+
+#: The held-out measurements, in order, and what the page calls them.
+_HELD_OUT = (("base", "base model"), ("before", "after the warm start"), ("after", "after RL"))
+#: The paired changes ``summary.json`` holds (``trainers/held_out.py:paired_gains``).
+_CHANGES = (("warm_start_gain", "warm start"), ("rl_gain", "RL"), ("gain", "warm start + RL"))
+
+
+def _interval(value: Any) -> list[float] | None:
+    """An interval field as ``[low, high]`` in rates (a list or a ``{low, high}`` mapping; in
+    points when a bound exceeds 1), or None."""
+    if isinstance(value, Mapping):
+        value = [value.get("low", value.get("lo")), value.get("high", value.get("hi"))]
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        return None
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in value):
+        return None
+    low, high = float(value[0]), float(value[1])
+    scale = 100.0 if max(abs(low), abs(high)) > 1 else 1.0
+    return [low / scale, high / scale]
+
+
+def _eval_summary(run: Path, when: str) -> dict[str, Any]:
+    path = run / "eval" / when / "summary.json"
+    try:
+        loaded = json.loads(path.read_text(errors="replace")) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def held_out_view(summary: Mapping[str, Any], run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """What the page shows of the held-out evaluations in ``summary.json`` (``held_out``).
+
+    ``rows``: one per measurement taken (base, after the warm start, after RL; without a warm
+    start the first is "before RL"), with ``success``, ``episodes``, a 95% ``ci`` (``[low,
+    high]``: the summary's ``ci``/``ci95`` when it has one, ``source`` says which; else the
+    Wilson interval of ``success x episodes`` solved tasks) and the evaluation's own
+    ``tool_calls_per_episode`` and ``turns_per_episode`` (from ``<run>/eval/<when>/
+    summary.json``). ``changes``: the paired comparisons the summary holds, with their
+    intervals in points. ``tasks``: how many held-out tasks; 0 (or no ``held_out``): none.
+
+    >>> view = held_out_view({"held_out": {"tasks": 64, "after": {"success": 0.75,
+    ...     "episodes": 64}}}, "/nonexistent")
+    >>> row = view["rows"][0]
+    >>> row["label"], row["source"], [round(v, 3) for v in row["ci"]]
+    ('after RL', 'Wilson', [0.632, 0.84])
+    """
+    held = summary.get("held_out")
+    if not isinstance(held, Mapping):
+        return {"tasks": 0, "rows": [], "changes": []}
+    rows = []
+    for when, label in _HELD_OUT:
+        result = held.get(when)
+        if not isinstance(result, Mapping) or not isinstance(result.get("success"), int | float):
+            continue
+        if when == "before" and not isinstance(held.get("base"), Mapping):
+            label = "before RL"
+        success, episodes = float(result["success"]), result.get("episodes")
+        n = int(episodes) if isinstance(episodes, int | float) and episodes > 0 else 0
+        given = next((_interval(result.get(k)) for k in ("ci95", "ci") if k in result), None)
+        ci, source = given, "summary.json"
+        if ci is None and n:
+            ci, source = list(wilson_interval(round(success * n), n)), "Wilson"
+        own = _eval_summary(Path(run_dir), when)
+        rows.append(
+            {
+                "when": when,
+                "label": label,
+                "success": success,
+                "episodes": n,
+                "ci": ci,
+                "source": source if ci else None,
+                "tool_calls_per_episode": own.get("tool_calls_per_episode"),
+                "turns_per_episode": own.get("turns_per_episode"),
+            }
+        )
+    changes = []
+    for key, label in _CHANGES:
+        c = held.get(key)
+        if isinstance(c, Mapping) and isinstance(c.get("gain_points"), int | float):
+            ci = _interval(c.get("ci95_points", c.get("ci")))
+            changes.append(
+                {
+                    "key": key,
+                    "label": label,
+                    "gain_points": float(c["gain_points"]),
+                    "ci_points": [100 * v for v in ci] if ci else None,
+                    **{k: c.get(k) for k in ("n", "improved", "regressed", "mcnemar_p")},
+                }
+            )
+    tasks = held.get("tasks")
+    return {"tasks": tasks if isinstance(tasks, int) else 0, "rows": rows, "changes": changes}
 
 
 def render_report(
@@ -112,16 +233,21 @@ def render_report(
     rows = [_scalars(r) for r in read_jsonl(run / "metrics.jsonl", torn_ok=True)]
     transcripts = read_jsonl(run / "transcripts.jsonl", torn_ok=True)
     config_path = run / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+    try:  # text that is not UTF-8 (a path, a prompt) is shown replaced, never fatal
+        config = yaml.safe_load(config_path.read_text(errors="replace"))
+    except (OSError, yaml.YAMLError):
+        config = {}
+    config = config if isinstance(config, Mapping) else {}
     summary_path = run / "summary.json"
     summary: dict[str, Any] = {}
     if summary_path.is_file():
         try:
-            summary = json.loads(summary_path.read_text())
+            summary = json.loads(summary_path.read_text(errors="replace"))
         except json.JSONDecodeError:  # being written by an older writer: next refresh has it
             summary = {}
+    summary = summary if isinstance(summary, dict) else {}
     finished = bool(summary.get("finished")) and summary.get("steps") == len(rows)
-    data = {
+    data: dict[str, Any] = {
         "name": run.resolve().name,
         "metrics": rows,
         "config": _flatten(config or {}),
@@ -131,6 +257,14 @@ def render_report(
         "refresh_s": refresh_s,
         "transcripts": len(transcripts),
         "transcripts_shown": min(len(transcripts), max_transcripts),
+        "held_out": held_out_view(summary, run) if finished else None,
+        "startup": {
+            "time_to_first_step_s": summary.get("time_to_first_step_s"),
+            "without_eval_s": summary.get("time_to_first_step_without_eval_s"),
+            "phases": summary.get("startup") if isinstance(summary.get("startup"), dict) else {},
+        }
+        if finished
+        else None,
     }
     shown = transcripts[-max_transcripts:]
     env = (config.get("env") or {}).get("name") if isinstance(config, Mapping) else None
@@ -147,7 +281,7 @@ def render_report(
     head, _, body = template.partition("<!--BODY-->")
     head = head.partition("<!--HEAD-->")[2]
     body = body.replace(_SLOT, _script_safe(data))
-    return render_viewer(shown, viewer_summary, head=head, body=body)
+    return _escape_surrogates(render_viewer(shown, viewer_summary, head=head, body=body))
 
 
 def write_report(

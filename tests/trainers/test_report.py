@@ -195,8 +195,12 @@ def test_the_report_renders_with_data_in_headless_chromium(tmp_path: Path) -> No
         "idle": 6,
         "tools": 9,  # all errors at 6 steps, parse errors at the 3 odd ones
         "time": 18,  # three stacked parts at 6 steps
+        "episodes": 6,  # tool calls per episode (this run logs no turns)
+        "policy": 0,  # policy movement, importance weights, clipped fractions: not logged
+        "weights": 0,
+        "fractions": 0,
     }
-    assert dom.count("<polyline") == 9 and dom.count("<rect") == 18  # 2+1+1+2+1+2 lines
+    assert dom.count("<polyline") == 10 and dom.count("<rect") == 18  # 2+1+1+1+2+1+2 lines
     assert "Run report: calculator-grpo" in dom and 'class="badge running"' in dom
     assert "6 steps" in dom and "last reward 1" in dom
     assert '<td>env.name</td><td>"calculator"</td>' in dom  # the configuration
@@ -318,7 +322,7 @@ def test_the_filters_and_the_axis_work_when_used(tmp_path: Path) -> None:
         labels = browser.js(all_of("#chart-reward svg text", "e.textContent"))
         assert "elapsed time (s)" in labels
         points = browser.js(all_of(".chart", "Number(e.dataset.points)"))
-        assert points == [12, 2, 6, 12, 6, 9, 18]  # the same data over the other axis
+        assert points == [12, 2, 6, 6, 12, 6, 9, 0, 0, 0, 18]  # the same data, other axis
         # a reload (what the running page does every 30 s) keeps the filters and the axis
         assert "task=calc-3" in browser.js("location.hash")
         browser.call("Page.reload")
