@@ -54,7 +54,7 @@ class SamplingRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # vLLM's range (int64)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     return_token_ids: bool = False
@@ -144,14 +144,26 @@ def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 
 
 def check_messages(messages: list[dict[str, Any]]) -> None:
-    """Check roles and normalise content (parts joined, None as ""); raises :class:`APIError`."""
+    """Check roles and normalise content (text parts joined, None as ""); raises
+    :class:`APIError` (a part that is not ``{"type": "text", "text": str}`` included)."""
     for i, m in enumerate(messages):
         if m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
-            raise APIError(400, f"messages[{i}].role {m.get('role')!r} is not a chat role")
+            raise APIError(400, f"messages[{i}].role {m.get('role')!r:.80} is not a chat role")
         content = m.get("content")
         if isinstance(content, list):
-            parts = [p.get("text", "") for p in content if isinstance(p, dict)]
-            m["content"] = "".join(parts)
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type", "text") != "text":
+                    raise APIError(
+                        400, f"messages[{i}].content[{j}] must be a text part", param="messages"
+                    )
+                text = part.get("text", "")
+                if not isinstance(text, str):
+                    raise APIError(
+                        400, f"messages[{i}].content[{j}].text must be a string", param="messages"
+                    )
+                texts.append(text)
+            m["content"] = "".join(texts)
         elif content is None:
             m["content"] = ""
         elif not isinstance(content, str):

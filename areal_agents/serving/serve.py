@@ -10,6 +10,12 @@ at its next decoding step with ``finish_reason="abort"``, queued requests fail),
 if it is still alive a few seconds after that. With ``--parent-pid PID`` the server also shuts
 down when that process is gone (the launcher passes its own pid, so a killed trainer or eval
 leaves no server behind).
+
+Security: with ``--api-key`` or, better, the environment variable ``AREAL_SERVER_API_KEY`` (a
+command line is readable by every local user), every route but ``GET /health`` needs
+``Authorization: Bearer KEY``: the training routes too. Requests are bounded before they cost
+anything (``--max-request-mb``, ``--max-request-sequences``, the context length counted in
+characters before tokenising): :mod:`areal_agents.serving.api` says what the server trusts.
 """
 
 from __future__ import annotations
@@ -26,6 +32,11 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from areal_agents.serving.api_errors import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_REQUEST_SEQUENCES,
+)
+from areal_agents.serving.auth import server_api_key
 from areal_agents.serving.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 
 if TYPE_CHECKING:
@@ -126,7 +137,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="memory for the KV cache of prompt prefixes reused across requests (the shared "
         "system prompt, the previous turn of an episode); 0 disables prefix caching",
     )
-    parser.add_argument("--api-key", default=None, help="require this bearer token on /v1/")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="require this bearer token on every route but /health (default: the environment "
+        "variable AREAL_SERVER_API_KEY, which other local users cannot read)",
+    )
+    parser.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=DEFAULT_MAX_REQUEST_BYTES / (1 << 20),
+        help="largest request body (32; weight updates excepted)",
+    )
+    parser.add_argument(
+        "--max-request-sequences",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_SEQUENCES,
+        help="most sequences (prompts x n) one request may ask for (256)",
+    )
     parser.add_argument("--log-level", default="warning")
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="shut down when this process is gone"
@@ -161,7 +189,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_batch_size=args.max_batch_size,
         prefix_cache_mb=args.prefix_cache_mb,
     )
-    app = create_app(engine, name, api_key=args.api_key)
+    app = create_app(
+        engine,
+        name,
+        api_key=server_api_key(args.api_key),
+        max_request_bytes=int(args.max_request_mb * (1 << 20)),
+        max_request_sequences=args.max_request_sequences,
+    )
     config = uvicorn.Config(
         app,
         host=args.host,

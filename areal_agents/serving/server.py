@@ -19,6 +19,7 @@ import httpx
 
 from areal_agents.errors import WeightSyncError
 from areal_agents.net import free_port
+from areal_agents.serving.auth import SERVER_API_KEY_ENV, auth_headers, server_api_key
 from areal_agents.serving.process import ServerProcess, probe_health, send_request
 from areal_agents.serving.weights import state_dict_to_bytes
 
@@ -35,12 +36,15 @@ class BuiltinServerClient:
     status_timeout_s: ClassVar[float] = ServerProcess.status_timeout_s
     """Time limit of a status read (the weight version)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
         self.root_url = root
+        self.api_key = server_api_key(api_key)
+        """The server's key, sent on every route (None: ``AREAL_SERVER_API_KEY``, if set)."""
 
     def _post(self, route: str, timeout: float, **kwargs: Any) -> dict[str, Any]:
+        kwargs["headers"] = {**kwargs.get("headers", {}), **auth_headers(self.api_key)}
         response = send_request("POST", self.root_url, route, timeout, **kwargs)
         if response.status_code != 200:
             try:
@@ -86,7 +90,11 @@ class BuiltinServerClient:
 
     def weight_version(self) -> int:
         try:
-            response = httpx.get(f"{self.root_url}/weight_version", timeout=self.status_timeout_s)
+            response = httpx.get(
+                f"{self.root_url}/weight_version",
+                timeout=self.status_timeout_s,
+                headers=auth_headers(self.api_key),
+            )
             response.raise_for_status()
         except httpx.HTTPError as e:
             raise WeightSyncError(f"/weight_version failed: {e}") from None
@@ -114,6 +122,9 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
         extra_args: more ``serve`` flags (``["--max-batch-size", "8"]``).
         die_with_parent: end the server when this process dies, even by ``kill -9`` (Linux
             ``PR_SET_PDEATHSIG``, plus the server's own ``--parent-pid`` watch); on by default.
+        api_key: guard every route but ``/health`` with this key (default:
+            ``AREAL_SERVER_API_KEY``, if set); it reaches the server through its environment,
+            never its command line, and this handle's requests carry it.
     """
 
     display_name = "the built-in server"
@@ -133,6 +144,7 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
         extra_args: Sequence[str] = (),
         log_path: str | Path | None = None,
         die_with_parent: bool = True,
+        api_key: str | None = None,
     ) -> None:
         from areal_agents.serving.model import DEFAULT_MODEL_NAME
 
@@ -149,7 +161,15 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
         self.log_path = Path(log_path) if log_path else None
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
-        super().__init__(f"http://{host}:{self.port}/v1")
+        super().__init__(f"http://{host}:{self.port}/v1", api_key)
+
+    def environment(self) -> dict[str, str]:
+        """The inherited environment, with this server's key (or none) as the child's."""
+        env = super().environment()
+        env.pop(SERVER_API_KEY_ENV, None)
+        if self.api_key:
+            env[SERVER_API_KEY_ENV] = self.api_key
+        return env
 
     def command(self) -> list[str]:
         """The command line that starts the server."""

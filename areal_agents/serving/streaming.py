@@ -27,13 +27,13 @@ streamed (such requests are refused).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from areal_agents.files import json_text
 from areal_agents.serving.engine import Engine, GenerationRequest, GenerationResult
 from areal_agents.serving.schema import parse_hermes_tool_calls
 
@@ -181,7 +181,7 @@ class TokenStream:
 
 
 def _sse(data: dict[str, Any] | str) -> str:
-    body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    body = data if isinstance(data, str) else json_text(data)  # any text, escaped
     return f"data: {body}\n\n"
 
 

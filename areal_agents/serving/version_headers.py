@@ -8,21 +8,36 @@ ended). It reads the version from vLLM's engine, which ``/finish_weight_update``
 ``/update_weight_version`` set. The module imports nothing beyond the standard library, and
 nothing of areal_agents: the launcher copies it as a standalone module onto vLLM's path, so
 that it loads in vLLM's own interpreter.
+
+:class:`ApiKeyMiddleware` (also passed with ``--middleware``) puts vLLM's API key in front of
+every route. vLLM's own check (``--api-key``/``VLLM_API_KEY``) covers only ``/v1/``, while the
+launcher turns on vLLM's dev-mode routes (``/pause``, ``/collective_rpc``,
+``/update_weights``...) that pause the engine, run methods on its workers and replace the
+weights: with a key, those need it too. Only ``GET /health`` stays open (the launcher's probe).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 __all__ = [
+    "API_KEY_ENV",
     "END_HEADER",
     "GENERATION_PATHS",
     "PAUSE_PATH",
     "START_HEADER",
+    "ApiKeyMiddleware",
     "WeightVersionMiddleware",
 ]
+
+#: vLLM's own variable for its API key; :class:`ApiKeyMiddleware` reads the same one.
+API_KEY_ENV = "VLLM_API_KEY"
+#: Paths answered without the key (``GET``/``HEAD`` only): the liveness probe.
+OPEN_PATHS = ("/health",)
 
 # the same names as areal_agents.policies.versions (not imported: this module stands alone)
 START_HEADER = "X-Weight-Version-Start"
@@ -132,3 +147,37 @@ class WeightVersionMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_version)
+
+
+class ApiKeyMiddleware:
+    """ASGI middleware for vLLM's OpenAI server: every route needs ``Authorization: Bearer
+    KEY`` (``KEY`` from :data:`API_KEY_ENV`, or ``api_key``), but ``GET /health``; no key, no
+    check. Unauthorised requests get 401 before vLLM sees them (WebSockets: refused)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], api_key: str | None = None) -> None:
+        self.app = app
+        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope.get("type")
+        if self.expected is None or kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        values = [v for k, v in scope.get("headers") or [] if k.lower() == b"authorization"]
+        given = values[0] if len(values) == 1 else b""
+        is_open = (
+            kind == "http"
+            and scope.get("method") in ("GET", "HEAD")
+            and scope.get("path") in OPEN_PATHS
+        )
+        if is_open or hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        if kind == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = b'{"error":{"message":"invalid or missing API key","type":"AuthenticationError"}}'
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -20,6 +20,14 @@ Versions: the launcher adds :class:`~areal_agents.serving.version_headers.Weight
 to vLLM (``--middleware``), so every response carries the weight version it was generated under
 (:mod:`areal_agents.policies.versions`).
 
+Security: the dev-mode routes the launcher turns on pause the engine, call methods on its
+workers (``/collective_rpc``) and replace the weights. With a key (``api_key``, an
+``--api-key`` among ``extra_args``, or ``AREAL_SERVER_API_KEY``), the launcher hands it to vLLM
+as ``VLLM_API_KEY`` (never on its command line, which every local user can read) and adds
+:class:`~areal_agents.serving.version_headers.ApiKeyMiddleware`, which guards every route but
+``GET /health``; this class's own requests carry the key. Without a key anyone who reaches the
+port can use those routes: vLLM binds 127.0.0.1 here unless told otherwise.
+
 LoRA: :meth:`VLLMServer.update_adapter` writes a PEFT adapter directory and loads it at run time
 (``/v1/load_lora_adapter``, in place, between ``/pause`` and ``/resume``) under
 ``adapter_name``; the server needs ``--enable-lora --max-lora-rank R`` (with them among its
@@ -47,6 +55,7 @@ from areal_agents.errors import DependencyError, WeightSyncError
 from areal_agents.net import free_port
 from areal_agents.policies.templates import TOOL_TEMPLATE_PATH
 from areal_agents.serving.adapters import adapter_modules, load_lora_request, save_adapter_dir
+from areal_agents.serving.auth import auth_headers, server_api_key
 from areal_agents.serving.model import DEFAULT_MODEL_NAME, resolve_model
 from areal_agents.serving.process import ServerProcess, send_request
 from areal_agents.serving.vllm_lora import RUNTIME_UPDATE_ENV, adapter_name
@@ -55,11 +64,15 @@ from areal_agents.serving.weights import check_shapes, checkpoint_shapes
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["VERSION_MIDDLEWARE", "VLLMServer", "vllm_python"]
+__all__ = ["KEY_MIDDLEWARE", "VERSION_MIDDLEWARE", "VLLMServer", "vllm_python"]
 
 VERSION_MIDDLEWARE = "areal_version_headers.WeightVersionMiddleware"
 """The ASGI middleware the launcher adds to vLLM (:mod:`areal_agents.serving.version_headers`,
 copied as a standalone module): each response carries its weight version."""
+
+KEY_MIDDLEWARE = "areal_version_headers.ApiKeyMiddleware"
+"""The middleware that puts vLLM's API key in front of every route, its dev-mode RL routes
+included (vLLM's own check covers only ``/v1/``)."""
 
 
 @functools.cache
@@ -72,6 +85,21 @@ def _middleware_dir() -> Path:
     shutil.copyfile(str(version_headers.__file__), where / "areal_version_headers.py")
     atexit.register(shutil.rmtree, where, True)
     return where
+
+
+def _pop_api_key(args: Sequence[str]) -> tuple[list[str], str | None]:
+    """``args`` without ``--api-key KEY`` (or ``--api-key=KEY``), and the key."""
+    out: list[str] = []
+    key = None
+    items = iter(args)
+    for arg in items:
+        if arg == "--api-key":
+            key = next(items, None)
+        elif arg.startswith("--api-key="):
+            key = arg.partition("=")[2]
+        else:
+            out.append(arg)
+    return out, key
 
 
 def vllm_python() -> str:
@@ -115,6 +143,9 @@ class VLLMServer(ServerProcess):
         python: the interpreter with vLLM (default: :func:`vllm_python`).
         die_with_parent: on Linux, SIGTERM the server when this process dies, even by
             ``kill -9`` (``PR_SET_PDEATHSIG``); vLLM then stops its engine processes itself.
+        api_key: guard every route with this key (default: an ``--api-key`` in
+            ``extra_args``, else ``AREAL_SERVER_API_KEY``, else an inherited ``VLLM_API_KEY``;
+            none when none is set).
     """
 
     display_name = "vLLM"
@@ -135,8 +166,13 @@ class VLLMServer(ServerProcess):
         python: str | None = None,
         log_path: str | Path | None = None,
         die_with_parent: bool = True,
+        api_key: str | None = None,
     ) -> None:
         self.die_with_parent = die_with_parent
+        extra_args, given = _pop_api_key(extra_args)
+        self.api_key = server_api_key(api_key if api_key is not None else given) or (
+            os.environ.get("VLLM_API_KEY") or None  # vLLM's own variable, if inherited
+        )
         self.model_dir = Path(resolve_model(model))
         self.served_model_name = served_model_name or (
             DEFAULT_MODEL_NAME if model in ("default", DEFAULT_MODEL_NAME) else self.model_dir.name
@@ -188,6 +224,7 @@ class VLLMServer(ServerProcess):
             "hermes",
             "--middleware",
             VERSION_MIDDLEWARE,
+            *(["--middleware", KEY_MIDDLEWARE] if self.api_key else []),
         ]
         if not _template_has_tools(self.model_dir):
             command += ["--chat-template", str(TOOL_TEMPLATE_PATH)]
@@ -205,6 +242,8 @@ class VLLMServer(ServerProcess):
             "VLLM_SERVER_DEV_MODE": "1",
         }
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
         # vLLM's interpreter may lack areal_agents: --middleware imports a standalone copy
         where = str(_middleware_dir())
         env["PYTHONPATH"] = os.pathsep.join(p for p in (where, env.get("PYTHONPATH")) if p)
@@ -231,6 +270,7 @@ class VLLMServer(ServerProcess):
     # ---- weight sync ---------------------------------------------------------------------
 
     def _request(self, method: str, route: str, timeout: float, **kwargs: Any) -> Any:
+        kwargs["headers"] = {**kwargs.get("headers", {}), **auth_headers(self.api_key)}
         response = send_request(method, self.root_url, route, timeout, label="vLLM ", **kwargs)
         if response.status_code == 404:
             raise WeightSyncError(

@@ -47,6 +47,7 @@ from typing import Any, Literal
 import httpx
 
 from areal_agents.errors import WeightSyncError
+from areal_agents.serving.auth import auth_headers
 
 __all__ = [
     "FanOutClient",
@@ -83,7 +84,7 @@ def server_world_size(base_url: str, timeout: float = 30.0) -> int:
     """How many workers a vLLM server runs (``/get_world_size``: TP x PP x DP)."""
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
-        response = httpx.get(f"{root}/get_world_size", timeout=timeout)
+        response = httpx.get(f"{root}/get_world_size", timeout=timeout, headers=auth_headers())
         response.raise_for_status()
         return int(response.json()["world_size"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
@@ -113,13 +114,18 @@ class WeightTransferClient:
     Implements vLLM's ``VLLMWeightSyncClient`` protocol, so vLLM's trainer engines drive it.
     """
 
-    def __init__(self, base_url: str, timeouts: PhaseTimeouts | None = None) -> None:
+    def __init__(
+        self, base_url: str, timeouts: PhaseTimeouts | None = None, api_key: str | None = None
+    ) -> None:
         self.root_url = base_url.rstrip("/").removesuffix("/v1")
         self.timeouts = timeouts or PhaseTimeouts()
+        self.headers = auth_headers(api_key)  # the server's key (AREAL_SERVER_API_KEY)
 
     def _post(self, phase: str, route: str, timeout: float, body: Any = None) -> None:
         try:
-            response = httpx.post(f"{self.root_url}{route}", json=body, timeout=timeout)
+            response = httpx.post(
+                f"{self.root_url}{route}", json=body, timeout=timeout, headers=self.headers
+            )
         except httpx.TimeoutException:
             raise WeightSyncError(
                 f"{phase} ({route}) on {self.root_url}: no answer within {timeout:g}s; check "
