@@ -43,8 +43,7 @@ from areal_agents.envs.tasks.code import (
 )
 from areal_agents.errors import ConfigError, did_you_mean
 from areal_agents.rewards.base import RewardResult
-from areal_agents.rewards.code import UnitTestReward, UnitTests, select_code
-from areal_agents.rewards.isolation import prewarm
+from areal_agents.rewards.code import UnitTestReward, UnitTests, prewarm_judge, select_code
 from areal_agents.tools.base import FunctionTool, Tool
 from areal_agents.tools.parsing import load_json
 from areal_agents.tools.python_tool import BashTool, EpisodeSandbox, PythonTool
@@ -151,7 +150,7 @@ class CodeSandboxEnv(MultiTurnEnv):
             turn_time_budget_s = 3 * self.tool_timeout_s
         super().__init__(max_turns=max_turns, turn_time_budget_s=turn_time_budget_s, **kwargs)
         # the unit-test judge runs in the grading process: start it now, warm
-        prewarm(modules=("areal_agents.rewards._judge",))
+        prewarm_judge()
 
     def sample_task(self, rng: np.random.Generator) -> Task:
         return self.source.sample(rng)

@@ -23,9 +23,10 @@ A worker is forked from the zygote, confined here, used for exactly one grade an
   caller's variables, API keys included, never reach it); no bytecode is written.
 
 Imports after the identity change: the interpreter may live where a stranger cannot read (a
-home directory), and graders import lazily. So, before the change, each import path that is not
-readable by others is opened as a directory descriptor and the import system is pointed at
-``/proc/self/fd/N`` (path resolution from a descriptor does not cross the unreadable parents).
+home directory), and graders import lazily. So the zygote opens each import path that is not
+readable by others as a directory descriptor, which its workers keep, and points the import
+system at ``/proc/self/fd/N`` (path resolution from a descriptor does not cross the unreadable
+parents); :func:`prepare` does this and the rest of the one-off work before any fork.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import platform
 import resource
@@ -41,9 +43,9 @@ import stat
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["UID_BASE", "Confinement", "confine", "keep_with_parent"]
+__all__ = ["UID_BASE", "Confinement", "confine", "keep_with_parent", "prepare", "reroute_imports"]
 
 #: Root's workers run as ``UID_BASE + pid`` (an id no account uses).
 UID_BASE = 2_000_000_000
@@ -80,15 +82,19 @@ def _prctl(libc: ctypes.CDLL, option: int, arg: int) -> bool:
 # ---- descriptors and limits --------------------------------------------------------------
 
 
-def _close_descriptors(keep: int) -> None:
+def _close_descriptors(keep: set[int]) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         if fd != null:
             os.dup2(null, fd)
-    if null > 2:
+    if null > 2 and null not in keep:
         os.close(null)
-    os.closerange(3, keep)
-    os.closerange(keep + 1, max(keep + 2, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+    low = 3
+    for fd in sorted(keep):
+        if fd >= low:
+            os.closerange(low, fd)
+            low = fd + 1
+    os.closerange(low, max(low + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
 
 
 def _set_limits(memory_mb: int | None, cpu_s: int, report: Confinement) -> None:
@@ -136,37 +142,47 @@ def _readable_by_others(path: str) -> bool:
     return bool(mode & stat.S_IROTH and mode & stat.S_IXOTH)
 
 
-def _reroute_imports() -> None:
-    """Point the import system at descriptors for the paths a stranger cannot read."""
-    mapping: dict[str, str] = {}
+_ROUTES: dict[str, int] = {}  # import path -> descriptor of it (opened in the zygote)
+
+
+def reroute_imports() -> set[int]:
+    """In the zygote (as root, before any fork): point the import system at descriptors for
+    the import paths a stranger cannot read, and return the descriptors (workers keep them).
+    Idempotent; call it again after importing more (new packages' ``__path__``)."""
+    if os.geteuid() != 0:
+        return set()
     for entry in sys.path:
-        if not entry or entry in mapping or not os.path.isdir(entry):
+        if not isinstance(entry, str) or not entry or entry.startswith("/proc/self/fd/"):
             continue
-        if _readable_by_others(entry):
+        path = os.path.abspath(entry)
+        if path in _ROUTES or not os.path.isdir(path) or _readable_by_others(path):
             continue
         with contextlib.suppress(OSError):
-            fd = os.open(entry, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            mapping[os.path.abspath(entry)] = f"/proc/self/fd/{fd}"
-    if not mapping:
-        return
-    prefixes = sorted(mapping, key=len, reverse=True)
+            _ROUTES[path] = os.open(path, _O_PATH | os.O_DIRECTORY)
+    if not _ROUTES:
+        return set()
+    prefixes = sorted(_ROUTES, key=len, reverse=True)
 
     def moved(path: str) -> str:
         for prefix in prefixes:
             if path == prefix or path.startswith(prefix + os.sep):
-                return mapping[prefix] + path[len(prefix) :]
+                return f"/proc/self/fd/{_ROUTES[prefix]}{path[len(prefix) :]}"
         return path
 
-    sys.path[:] = [moved(p) if isinstance(p, str) else p for p in sys.path]
+    def each(paths: Any) -> list[Any]:
+        return [moved(p) if isinstance(p, str) else p for p in paths]
+
+    sys.path[:] = each(sys.path)
     for module in list(sys.modules.values()):
         search = getattr(module, "__path__", None)
         if isinstance(search, list):
             with contextlib.suppress(Exception):
-                search[:] = [moved(p) if isinstance(p, str) else p for p in search]
+                search[:] = each(search)
         elif search is not None and type(search).__name__ == "_NamespacePath":
             with contextlib.suppress(Exception):
-                module.__path__ = [moved(p) if isinstance(p, str) else p for p in search]
+                module.__path__ = each(search)
     sys.path_importer_cache.clear()
+    return set(_ROUTES.values())
 
 
 # ---- identity ----------------------------------------------------------------------------
@@ -177,7 +193,6 @@ def _change_identity(report: Confinement) -> None:
         report.uid = os.geteuid()
         report.notes.append("not root: the uid is kept")
         return
-    _reroute_imports()
     for uid in (UID_BASE + os.getpid(), _NOBODY):
         try:
             os.setgroups([])
@@ -296,22 +311,40 @@ def _filter(arch: _Arch) -> list[tuple[int, int, int, int]]:
     return prog
 
 
-def _seccomp(libc: ctypes.CDLL, report: Confinement) -> None:
+@functools.cache
+def _program(arch: _Arch) -> bytes:
+    """The packed filter (computed once, in the zygote: see :func:`prepare`)."""
+    return b"".join(struct.pack("HBBI", *ins) for ins in _filter(arch))
+
+
+def _machine_arch() -> _Arch | None:
     machine = platform.machine().lower()
-    arch = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}.get(
-        machine
-    )
-    if arch is None or sys.byteorder != "little":
-        report.notes.append(f"seccomp: no filter for {machine}")
+    arch = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
+    return arch.get(machine) if sys.byteorder == "little" else None
+
+
+def prepare() -> set[int]:
+    """What the zygote does once for its workers (and again after it imports more): load libc,
+    pack the system-call filter, reroute the imports. Returns the descriptors workers keep."""
+    _libc()
+    arch = _machine_arch()
+    if arch is not None:
+        _program(arch)
+    return reroute_imports()
+
+
+def _seccomp(libc: ctypes.CDLL, report: Confinement) -> None:
+    arch = _machine_arch()
+    if arch is None:
+        report.notes.append(f"seccomp: no filter for {platform.machine()}")
         return
-    prog = _filter(arch)
-    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    raw = _program(arch)
     buffer = ctypes.create_string_buffer(raw, len(raw))
 
     class _Fprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    fprog = _Fprog(len(prog), ctypes.cast(buffer, ctypes.c_void_p))
+    fprog = _Fprog(len(raw) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         report.notes.append(f"seccomp: {os.strerror(ctypes.get_errno())}")
         return
@@ -328,7 +361,7 @@ def confine(
     the zygote (``parent_pid``) is already gone."""
     report = Confinement()
     libc = _libc()
-    _close_descriptors(keep_fd)
+    _close_descriptors({keep_fd, *_ROUTES.values()})
     _set_limits(memory_mb, cpu_s, report)
     _change_identity(report)
     _prctl(libc, _PR_SET_DUMPABLE, 0)

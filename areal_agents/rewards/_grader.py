@@ -8,12 +8,13 @@ caller's end of its socket pair goes back by ``SCM_RIGHTS``) and ``reap`` (kill 
 workers, so that a worker's pid is never recycled while the caller may still signal it). It
 exits, killing its workers, when the caller's end closes.
 
-A worker serves **one** job and exits: nothing a grade does (a patched module, a poisoned
-cache, a thread left running) can reach the next grade, which runs in a fresh fork of the
-zygote. Before it reads its job, a worker is confined (:mod:`._confine`: its own uid, no
-writes, no new processes, no sockets, limits) and runs the warm-up hooks again, so that the
-pages a grade touches are already its own copies. The zygote keeps ``spares`` such workers
-forked ahead, so that a grade does not wait for a fork.
+A worker serves **one** grade (one job, or the rounds of one unit-test verdict: see
+:meth:`~areal_agents.rewards.isolation.GraderPool.session`) and is killed: nothing a grade does
+(a patched module, a poisoned cache, a thread left running) can reach the next grade, which
+runs in a fresh fork of the zygote. Before it reads its first job, a worker is confined
+(:mod:`._confine`: its own uid, no writes, no new processes, no sockets, limits) and runs the
+warm-up hooks again, so that the pages a grade touches are already its own copies. The
+zygote keeps ``spares`` such workers forked ahead, so that a grade does not wait for a fork.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
 from typing import Any
 
-from areal_agents.rewards._confine import _libc, confine, keep_with_parent
+from areal_agents.rewards._confine import confine, keep_with_parent, prepare
 from areal_agents.rewards._harden import harden
 
 __all__ = ["warm_up"]
@@ -96,27 +97,28 @@ def _worker_main(sock: socket.socket, zygote_pid: int, config: dict[str, Any]) -
     conn = Connection(sock.detach())
     for module in _PREPARED:  # trusted inputs: fault in the pages a grade will touch
         _run_hooks(module)
-    try:
-        request = conn.recv()
-    except (EOFError, OSError):
-        return
-    reply: tuple[Any, ...]
-    try:
-        _, module, qualname, args, kwargs = request
-        fn = _resolve(module, qualname)
-        harden()
-        reply = ("ok", fn(*args, **kwargs))
-    except BaseException as e:  # every failure goes back to the caller
-        reply = ("raised", e)
-    try:
-        conn.send(reply)
-    except Exception as e:  # the value or the exception does not pickle
-        what = reply[1]
+    while True:  # the jobs of one grade (the caller never sends another grade's)
         try:
-            text = f"{type(what).__name__}: {what}"[:2000]
-        except Exception:
-            text = type(what).__name__
-        conn.send(("unpicklable", text, repr(e)[:500]))
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        reply: tuple[Any, ...]
+        try:
+            _, module, qualname, args, kwargs = request
+            fn = _resolve(module, qualname)
+            harden()
+            reply = ("ok", fn(*args, **kwargs))
+        except BaseException as e:  # every failure goes back to the caller
+            reply = ("raised", e)
+        try:
+            conn.send(reply)
+        except Exception as e:  # the value or the exception does not pickle
+            what = reply[1]
+            try:
+                text = f"{type(what).__name__}: {what}"[:2000]
+            except Exception:
+                text = type(what).__name__
+            conn.send(("unpicklable", text, repr(e)[:500]))
 
 
 class _Zygote:
@@ -169,6 +171,8 @@ class _Zygote:
             self.children.discard(pid)
 
     def freeze(self) -> None:
+        if self.config.get("confine", True):
+            prepare()  # once per import: what every worker's confinement needs
         gc.collect()
         gc.freeze()  # the workers' collector leaves the zygote's objects (and pages) alone
 
@@ -211,7 +215,6 @@ def _zygote_main(fd: int) -> None:
     """Entry point of the zygote process (see the module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent to handle
     config: dict[str, Any] = json.loads(os.environ.get("AREAL_GRADER_CONFIG", "{}"))
-    _libc()  # loaded once here, not in every worker
     workdir = tempfile.mkdtemp(prefix="areal-grader-")
     os.chmod(workdir, 0o555)  # empty, and nobody may write to it
     config["workdir"] = workdir

@@ -79,7 +79,7 @@ from areal_agents.rewards._judge import Call, JudgeSpec, Round, judge_round
 from areal_agents.rewards._wire import dumps
 from areal_agents.rewards.base import Reward, RewardResult, error_text, safe_text
 from areal_agents.rewards.extract import extract_code_blocks
-from areal_agents.rewards.isolation import prewarm, run_isolated
+from areal_agents.rewards.isolation import GraderPool, GradingSession, named_pool
 from areal_agents.sandboxes import ExecResult, Sandbox, make_sandbox
 
 __all__ = [
@@ -87,6 +87,8 @@ __all__ = [
     "UnitTestReward",
     "UnitTests",
     "assemble_program",
+    "judge_pool",
+    "prewarm_judge",
     "run_unit_tests",
     "select_code",
 ]
@@ -96,6 +98,17 @@ __all__ = [
 MAX_RUNS = 64
 _JUDGE_MIN_S = 5.0
 _MARK = "@areal:"
+
+
+def judge_pool() -> GraderPool:
+    """The grading pool the judge's rounds run in (its zygote holds only the judge)."""
+    return named_pool("judge", preload=(judge_round.__module__,))
+
+
+def prewarm_judge(*, wait: bool = False) -> None:
+    """Start the judge's grading process now (the code environment does, when it is built),
+    so that the first grade does not wait for it."""
+    judge_pool().start(wait=wait)
 
 
 def _executor_source() -> str:
@@ -231,7 +244,21 @@ def run_unit_tests(
     """Run ``tests`` against ``code`` (already assembled) in ``sandbox`` (see the module
     docstring); infrastructure faults raise :class:`~areal_agents.errors.SandboxError`.
     ``fail_fast`` stops at the first failing case (the cases after it count as not passed)."""
-    prewarm(modules=(judge_round.__module__,), wait=True)  # its start-up is not the grade's
+    pool = judge_pool()
+    pool.start(wait=True)  # its start-up is not the grade's
+    with pool.session() as session:  # the rounds of this grade share one fresh worker
+        return _run_unit_tests(session, sandbox, code, tests, timeout_s, case_timeout_s, fail_fast)
+
+
+def _run_unit_tests(
+    session: GradingSession,
+    sandbox: Sandbox,
+    code: str,
+    tests: UnitTests,
+    timeout_s: float,
+    case_timeout_s: float,
+    fail_fast: bool,
+) -> TestReport:
     deadline = time.monotonic() + timeout_s
     spec = JudgeSpec(
         tests=tests.tests,
@@ -250,7 +277,7 @@ def run_unit_tests(
     while True:
         judge_s = max(_JUDGE_MIN_S, deadline - time.monotonic())
         try:
-            found = run_isolated(judge_round, spec, answers, discovery, timeout_s=judge_s)
+            found = session.run(judge_round, spec, answers, discovery, timeout_s=judge_s)
         except RewardTimeout:
             if discovery and deadline - time.monotonic() > 0:
                 discovery = False  # placeholders sent the tests into a loop: find calls one by one

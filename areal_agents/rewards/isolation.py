@@ -62,7 +62,9 @@ __all__ = [
     "GraderPool",
     "GraderUnavailable",
     "GradingFailed",
+    "GradingSession",
     "default_pool",
+    "named_pool",
     "prewarm",
     "run_isolated",
     "warm_up",
@@ -187,7 +189,8 @@ class GraderPool:
         self._cond = threading.Condition()
         self._zlock = threading.Lock()
         self._workers: set[_Worker] = set()  # every worker not yet discarded
-        self._live = 0
+        self._ready: list[_Worker] = []  # fresh workers fetched ahead (not at work)
+        self._live = 0  # workers at work
         # the zygote: process, control connection, ready flag, prepared modules, pids to reap
         self._state: dict[str, Any] = {"proc": None, "conn": None, "ready": False}
         self._zmodules: set[str] = set()
@@ -213,7 +216,7 @@ class GraderPool:
         self._check_owner()
         with self._cond:
             workers, self._live = list(self._workers), 0
-            self._workers = set()
+            self._workers, self._ready = set(), []
         for worker in workers:
             worker.close()
         with self._zlock:
@@ -355,8 +358,8 @@ class GraderPool:
             self._workers.add(worker)
         return worker
 
-    def _acquire(self, deadline: float) -> _Worker:
-        """A fresh worker (never used), once fewer than ``max_workers`` are at work."""
+    def _slot(self, deadline: float) -> None:
+        """Wait until fewer than ``max_workers`` jobs run, and count one more."""
         with self._cond:
             while self._live >= self.max_workers:
                 if not self._cond.wait(max(0.0, deadline - time.monotonic())):
@@ -365,25 +368,53 @@ class GraderPool:
                         f"({self.max_workers} busy)"
                     )
             self._live += 1
-        try:
-            return self._fork(deadline)
-        except BaseException:
+
+    def _unslot(self) -> None:
+        with self._cond:
+            self._live -= 1
+            self._cond.notify()
+
+    def _take(self, module: str, deadline: float) -> _Worker:
+        """A fresh worker (never used) that has ``module``: one fetched ahead, or a new fork."""
+        for _ in range(3):
+            self._prepare(module, deadline)
             with self._cond:
-                self._live -= 1
-                self._cond.notify()
-            raise
+                worker = self._ready.pop() if self._ready else None
+            if worker is None:
+                worker = self._fork(deadline)
+            elif worker.conn.poll(0):  # a fresh worker says nothing: this one died waiting
+                self._discard(worker)
+                continue
+            if module in worker.modules:
+                return worker
+            self._discard(worker)  # forked before the zygote had the module
+        raise GraderUnavailable(f"no grading worker could import {module}")
+
+    def _fetch_ahead(self, deadline: float) -> None:
+        """Have the next worker ready (called while a job runs, so that the round trip to the
+        zygote overlaps it)."""
+        with self._cond:
+            if self._ready:
+                return
+        try:
+            worker = self._fork(deadline)
+        except GraderUnavailable:
+            return  # the next job forks its own
+        with self._cond:
+            if worker in self._workers:
+                self._ready.append(worker)
+                return
+        worker.close()  # the pool was closed meanwhile
 
     def _discard(self, worker: _Worker) -> None:
-        """A worker is used once: killed (it may be exiting already) and reaped later."""
+        """Kill a worker (it may be exiting already); the zygote reaps it later."""
         worker.kill()
         with self._cond:
             if worker in self._workers:
                 self._workers.discard(worker)
-                self._live -= 1
                 self._to_reap.append(worker.pid)  # reaped by the zygote with its next request
-            self._cond.notify()
 
-    # -- the one public verb
+    # -- the public verbs
 
     def run(self, fn: Callable[..., T], *args: Any, timeout_s: float, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in a fresh worker, killed after ``timeout_s`` seconds.
@@ -394,31 +425,59 @@ class GraderPool:
         memory), :class:`GraderUnavailable` when no worker can be had; any other exception
         raised by ``fn`` is raised here.
         """
+        with self.session() as session:
+            return session.run(fn, *args, timeout_s=timeout_s, **kwargs)
+
+    def session(self) -> GradingSession:
+        """A worker for the several jobs of **one** grade (the rounds of a unit-test verdict):
+        fresh when the grade starts, kept between its jobs unless one fails, discarded when
+        the session closes. Use it as a context manager."""
+        self._check_owner()
+        return GradingSession(self)
+
+    def _call(
+        self,
+        worker: _Worker | None,
+        fn: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+        timeout_s: float,
+    ) -> tuple[_Worker | None, Any]:
+        """One job: in ``worker``, or a fresh one. Returns the worker (``None`` when it was
+        discarded) and the reply, or raises (see :meth:`run`)."""
         if not timeout_s > 0:
             raise ConfigError(f"timeout_s={timeout_s!r}: must be a positive number of seconds")
         module, qualname = _reference(fn)
         self._check_owner()
         deadline = time.monotonic() + self.startup_timeout_s
-        problem: BaseException | None = None
-        for _ in range(3):
-            self._prepare(module, deadline)
-            worker = self._acquire(deadline)
-            if module not in worker.modules:  # the zygote was restarted meanwhile
-                self._discard(worker)
-                continue
-            try:
-                worker.conn.send(("call", module, qualname, args, kwargs))
-            except (EOFError, OSError) as e:  # the worker died before its job: use another
-                self._discard(worker)
-                problem = e
-                continue
-            except BaseException:
-                self._discard(worker)
-                raise
-            return self._wait(worker, qualname, timeout_s)
-        raise GraderUnavailable(f"grading workers keep dying: {problem}")
+        self._slot(deadline)
+        try:
+            problem: BaseException | None = None
+            for _ in range(3):
+                fresh = worker is None or module not in worker.modules
+                if fresh:
+                    if worker is not None:
+                        self._discard(worker)
+                    worker = self._take(module, deadline)
+                assert worker is not None
+                try:
+                    worker.conn.send(("call", module, qualname, args, kwargs))
+                except (EOFError, OSError) as e:  # it died before the job: use another
+                    self._discard(worker)
+                    worker, problem = None, e
+                    continue
+                except BaseException:
+                    self._discard(worker)
+                    raise
+                if fresh:
+                    self._fetch_ahead(deadline)
+                return self._wait(worker, qualname, timeout_s)
+            raise GraderUnavailable(f"grading workers keep dying: {problem}")
+        finally:
+            self._unslot()
 
-    def _wait(self, worker: _Worker, name: str, timeout_s: float) -> Any:
+    def _wait(self, worker: _Worker, name: str, timeout_s: float) -> tuple[_Worker | None, Any]:
+        keep = False
         try:
             if not worker.conn.poll(timeout_s):
                 raise RewardTimeout(
@@ -432,18 +491,66 @@ class GraderPool:
                 reply = _load_reply(data)
             except Exception as e:  # not a reply this process will read (see _load_reply)
                 raise GradingFailed(f"{name}: its reply cannot be read: {e!r}"[:500]) from None
+            status, value = reply[0], reply[1]
+            keep = status == "ok" or (status == "raised" and _healthy_after(value))
         finally:
-            self._discard(worker)
-        status, value = reply[0], reply[1]
+            if not keep:
+                self._discard(worker)
+        kept = worker if keep else None
         if status == "ok":
-            return value
+            return kept, value
         if status == "unpicklable":
             raise GradingFailed(f"{name}: {value} ({reply[2]})")
         if isinstance(value, MemoryError | RecursionError):
             raise GradingFailed(f"{name} ran out of {_resource(value)} on this input") from None
         if not isinstance(value, Exception):  # SystemExit, KeyboardInterrupt: not ours to raise
             raise GradingFailed(f"{name} raised {type(value).__name__}: {value}") from None
-        raise value
+        raise _Raised(kept, value)
+
+
+def _healthy_after(error: Any) -> bool:
+    """Whether a worker whose job raised ``error`` may serve the same grade's next job."""
+    return isinstance(error, Exception) and not isinstance(error, MemoryError | RecursionError)
+
+
+class _Raised(Exception):
+    """The job's own exception, with the worker that may be kept (internal to a session)."""
+
+    def __init__(self, worker: _Worker | None, error: Exception) -> None:
+        super().__init__(error)
+        self.worker, self.error = worker, error
+
+
+class GradingSession:
+    """The jobs of one grade in one worker (see :meth:`GraderPool.session`)."""
+
+    def __init__(self, pool: GraderPool) -> None:
+        self.pool = pool
+        self._worker: _Worker | None = None
+
+    def run(self, fn: Callable[..., T], *args: Any, timeout_s: float, **kwargs: Any) -> T:
+        """As :meth:`GraderPool.run`, in this grade's worker (a fresh one after a failure)."""
+        try:
+            self._worker, value = self.pool._call(self._worker, fn, args, kwargs, timeout_s)
+        except _Raised as raised:
+            self._worker = raised.worker
+            raise raised.error from None
+        except BaseException:
+            self._worker = None  # discarded with the failure
+            raise
+        return value
+
+    def close(self) -> None:
+        """Discard the worker: nothing of this grade reaches another."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            self.pool._discard(worker)
+
+    def __enter__(self) -> GradingSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 #: Largest reply a worker may send (a larger one is a grading failure).
@@ -488,17 +595,26 @@ def _resource(error: BaseException) -> str:
     return "memory" if isinstance(error, MemoryError) else "stack (nesting too deep)"
 
 
-_DEFAULT: GraderPool | None = None
-_DEFAULT_LOCK = threading.Lock()
+_POOLS: dict[str, GraderPool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def named_pool(name: str, *, preload: Sequence[str] = DEFAULT_PRELOAD) -> GraderPool:
+    """The process-wide pool called ``name``, created on first use with ``preload``.
+
+    Graders of different kinds use different pools, so that each zygote holds only what its
+    graders import: a fork (one per grade) and a worker's exit cost in proportion to it
+    (the unit-test judge's zygote is half the size of math-verify's)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(name)
+        if pool is None:
+            pool = _POOLS[name] = GraderPool(preload=preload)
+        return pool
 
 
 def default_pool() -> GraderPool:
     """The process-wide pool that :func:`run_isolated` uses (created on first use)."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = GraderPool()
-        return _DEFAULT
+    return named_pool("default")
 
 
 def prewarm(*, modules: Sequence[str] = (), wait: bool = False) -> None:
@@ -512,17 +628,19 @@ def run_isolated(fn: Callable[..., T], *args: Any, timeout_s: float, **kwargs: A
     return default_pool().run(fn, *args, timeout_s=timeout_s, **kwargs)
 
 
-def _close_default() -> None:
-    if _DEFAULT is not None and _DEFAULT._owner == os.getpid():
-        _DEFAULT.close()
+def _close_pools() -> None:
+    for pool in list(_POOLS.values()):
+        if pool._owner == os.getpid():
+            pool.close()
 
 
-def _forget_default_after_fork() -> None:
-    global _DEFAULT, _DEFAULT_LOCK
-    if _DEFAULT is not None:
-        _DEFAULT._abandon_after_fork()
-    _DEFAULT, _DEFAULT_LOCK = None, threading.Lock()
+def _forget_pools_after_fork() -> None:
+    global _POOLS_LOCK
+    for pool in list(_POOLS.values()):
+        pool._abandon_after_fork()
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
 
 
-atexit.register(_close_default)
-os.register_at_fork(after_in_child=_forget_default_after_fork)
+atexit.register(_close_pools)
+os.register_at_fork(after_in_child=_forget_pools_after_fork)
