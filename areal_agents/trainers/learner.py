@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from areal_agents.cpus import pin_process
-from areal_agents.errors import ConfigError
 from areal_agents.net import free_port
 from areal_agents.trainers import fsdp
 from areal_agents.trainers.advantages import RunningBaseline, compute_advantages
@@ -45,8 +43,7 @@ from areal_agents.trainers.batching import (
     split_minibatches,
     token_staleness,
 )
-from areal_agents.trainers.checkpoint import capture_rng, read_files, restore_rng, write_files
-from areal_agents.trainers.config import LoraConfig, ModelConfig, TrainerConfig
+from areal_agents.trainers.config import ModelConfig, TrainerConfig
 from areal_agents.trainers.corrections import weight_summary
 from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.filters import shape_batch
@@ -57,7 +54,8 @@ from areal_agents.trainers.forward import (
     prepass,
     token_logprobs,
 )
-from areal_agents.trainers.lora import adapter_state, apply_lora, merged_state
+from areal_agents.trainers.learner_state import LearnerState
+from areal_agents.trainers.lora import apply_lora
 from areal_agents.trainers.losses import aggregation_normalizer, compute_policy_loss
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
 from areal_agents.trainers.precision import mixed_precision
@@ -95,14 +93,7 @@ def _lr_factor(cfg: TrainerConfig, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _lora_shape(lora: LoraConfig | None) -> dict[str, Any] | None:
-    """What a checkpoint's adapter depends on (None: full fine-tuning)."""
-    if lora is None:
-        return None
-    return {"r": lora.r, "alpha": lora.alpha, "target_modules": sorted(lora.target_modules)}
-
-
-class Learner:
+class Learner(LearnerState):
     """One rank of the FSDP2 learner."""
 
     def __init__(self, spec: LearnerSpec) -> None:
@@ -215,11 +206,15 @@ class Learner:
         )
         sums: dict[str, float] = defaultdict(float)
         minibatches = split_minibatches(batch.group_ids, cfg.minibatches)
+        live = self._live_rows(adv, batch.loss_mask)
         self._log_weights = []
         for epoch in range(cfg.ppo_epochs):
             self._record_weights = epoch == 0  # the data against the step-start policy
             for rows in minibatches:
-                mbs = plan(rows, batch.lengths, spec.world_size, spec.rank, budget, cost)
+                # rows whose loss is 0 everywhere are not forwarded; they still count in the
+                # normaliser below, so the update is exactly the one with them
+                forward = [r for r in rows if r in live]
+                mbs = plan(forward, batch.lengths, spec.world_size, spec.rank, budget, cost)
                 norm = float(
                     aggregation_normalizer(
                         batch.loss_mask[rows], algo.aggregation, norm_tokens=algo.norm_tokens
@@ -251,9 +246,24 @@ class Learner:
         metrics["lr"] = lr
         mask_total = batch.loss_mask.sum().clamp(min=1)
         metrics["advantage/abs_mean"] = float(adv.abs().sum() / mask_total)
+        metrics["learner/rows_trained"] = float(len(live))
+        metrics["learner/rows_skipped"] = float(len(trajectories) - len(live))
         if self.baseline is not None:
             metrics["baseline/running"] = self.baseline.value
         return metrics
+
+    def _live_rows(self, adv: Tensor, mask: Tensor) -> set[int]:
+        """The rows whose loss can be non-zero: every row when a term other than the policy
+        gradient reads it (a critic, a KL to the reference in the loss, an entropy bonus),
+        else the rows with a non-zero advantage on a policy token (GRPO's uniform groups have
+        none: their forward and backward passes would add exactly 0 to the gradient)."""
+        algo = self.spec.algo
+        if self.critic is not None or algo.entropy_coef > 0:
+            return set(range(adv.shape[0]))
+        if algo.kl_coef > 0 and not algo.kl_in_reward:
+            return set(range(adv.shape[0]))
+        nonzero = ((adv != 0) & (mask > 0)).any(dim=1)  # [B]
+        return {int(i) for i in torch.nonzero(nonzero).flatten().tolist()}
 
     def _prepass(self, batch: Batch, mbs: list[list[int]]) -> Prepass:
         """What ``self.needs`` asks for before the first update (``forward.prepass``)."""
@@ -385,137 +395,6 @@ class Learner:
             else:
                 out[k] = v / updates
         return out
-
-    # ---- weights and checkpoints -----------------------------------------------------------
-
-    def full_state(self) -> dict[str, Any]:
-        """The policy's full state dict on rank 0 (``{}`` on others), under the base model's
-        names (with LoRA: adapters merged in). Collective."""
-        state = fsdp.full_model_state(self.model)
-        if self.lora is None or not state:
-            return state
-        return merged_state(state, self.lora.scaling)
-
-    def adapter_state(self) -> dict[str, Any]:
-        """The LoRA adapter (PEFT names, whole tensors on every rank): what a push sends.
-        Collective."""
-        return adapter_state(self.model)
-
-    def full_state_arrays(self) -> dict[str, Any]:
-        """:meth:`full_state` as numpy arrays, for Ray's object store
-        (:func:`areal_agents.trainers.object_store.to_arrays`). Collective."""
-        from areal_agents.trainers.object_store import to_arrays
-
-        return to_arrays(self.full_state())
-
-    def export_weights(self, directory: str) -> None:
-        """Write the policy as a Hugging Face directory (rank 0) for the inference servers.
-        Collective: every rank must call it."""
-        from safetensors.torch import save_file
-
-        state = self.full_state()
-        if self.spec.rank != 0:
-            return
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        if getattr(self.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        tensors = {k: v.detach().contiguous() for k, v in state.items()}
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        self.config.save_pretrained(str(out))
-
-    def init_vllm_transfer(self, **kwargs: Any) -> None:
-        """Join vLLM's weight transfer (``inference.weight_sync=nccl|ipc``): see
-        :func:`~areal_agents.serving.vllm_transfer.module_transfer` for ``kwargs``. Collective."""
-        from areal_agents.serving.vllm_transfer import module_transfer
-
-        self.transfer = module_transfer(self.model, rank=self.spec.rank, **kwargs)
-
-    def send_vllm_weights(self, version: int) -> None:
-        """Send the policy to the vLLM servers as ``version``. Collective."""
-        self.transfer.send(version)
-
-    def save_checkpoint(self, directory: str) -> None:
-        """Model, optimizer, scheduler, critic, running baseline and RNG into ``directory``.
-        Collective."""
-        out = Path(directory)
-        state: dict[str, Any] = {
-            # with LoRA only the adapters: the base is the model directory
-            "model": fsdp.full_model_state(self.model, trainable_only=self.lora is not None),
-            "optimizer": fsdp.full_optimizer_state(self.model, self.optimizer),
-        }
-        if self.critic is not None:
-            state["critic"] = fsdp.full_model_state(self.critic)
-            state["critic_optimizer"] = fsdp.full_optimizer_state(
-                self.critic, self.critic_optimizer
-            )
-        if self.spec.rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            torch.save(state, out / "learner.pt")
-            schedule = {
-                "scheduler": self.scheduler.state_dict(),
-                "step": self.step,
-                "lora": _lora_shape(self.lora),
-            }
-            if self.baseline is not None:
-                schedule["baseline"] = self.baseline.state_dict()
-            schedule["probe"] = self.probe.state_dict()
-            schedule["brake"] = self.brake.state_dict()
-            torch.save(schedule, out / "schedule.pt")
-        dist.barrier()
-        torch.save(capture_rng(), out / f"rng_rank{self.spec.rank}.pt")
-
-    def load_checkpoint(self, directory: str) -> int:
-        """Undo :meth:`save_checkpoint` (any number of ranks may load it). Collective."""
-        src = Path(directory)
-        schedule = torch.load(src / "schedule.pt", map_location="cpu", weights_only=False)
-        saved, now = schedule.get("lora"), _lora_shape(self.lora)
-        if saved != now:  # checked on every rank, before any collective
-            raise ConfigError(
-                f"the checkpoint in {src} was trained with model.lora={saved}, this run has "
-                f"model.lora={now}: resume with the same model.lora keys"
-            )
-        state: dict[str, Any] = {}
-        if self.spec.rank == 0:
-            state = torch.load(src / "learner.pt", map_location="cpu", weights_only=False)
-        # a finished run's last checkpoint keeps no optimizer state (trainers/warm_start.py)
-        with_opt = schedule.get("optimizer", True) is not False
-        fsdp.load_full_state(
-            self.model,
-            self.optimizer if with_opt else None,
-            state.get("model", {}),
-            state.get("optimizer", {}) if with_opt else None,
-            trainable_only=self.lora is not None,
-        )
-        if self.critic is not None:
-            fsdp.load_full_state(
-                self.critic,
-                self.critic_optimizer if with_opt else None,
-                state.get("critic", {}),
-                state.get("critic_optimizer", {}) if with_opt else None,
-            )
-        self.scheduler.load_state_dict(schedule["scheduler"])
-        self.step = int(schedule["step"])
-        if self.baseline is not None and "baseline" in schedule:
-            self.baseline.load_state_dict(schedule["baseline"])
-        self.probe.load_state_dict(schedule.get("probe") or {})
-        self.brake.load_state_dict(schedule.get("brake") or {})
-        rng = src / f"rng_rank{self.spec.rank}.pt"
-        if rng.is_file():
-            restore_rng(torch.load(rng, weights_only=False))
-        return self.step
-
-    def checkpoint_files(self) -> dict[str, bytes]:
-        """:meth:`save_checkpoint` through this node's temporary directory; the files this rank
-        wrote, for the driver to store. Collective."""
-        with tempfile.TemporaryDirectory(prefix="areal-ckpt-") as tmp:
-            self.save_checkpoint(tmp)
-            return read_files(tmp)
-
-    def load_checkpoint_files(self, files: dict[str, bytes]) -> int:
-        """:meth:`load_checkpoint` from the driver's files (every rank's). Collective."""
-        with tempfile.TemporaryDirectory(prefix="areal-ckpt-") as tmp:
-            return self.load_checkpoint(str(write_files(files, tmp)))
 
     def shutdown(self) -> None:
         if dist.is_initialized():
