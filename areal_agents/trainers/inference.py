@@ -285,12 +285,14 @@ def start_server(
 
 def server_alive(server: InferenceServer) -> bool:
     """Whether ``server`` still runs: its host actor and process on a cluster, its child
-    process locally (a server given by URL only is taken to run)."""
+    process locally (a stopped one does not; a server given by URL only is taken to run)."""
     alive = getattr(server, "alive", None)
     if alive is not None:
         return bool(alive())
-    process = getattr(server, "process", None)
-    return process is None or process.poll() is None
+    if not hasattr(server, "process"):
+        return True
+    process = server.process  # None: stopped (or never started)
+    return process is not None and process.poll() is None
 
 
 def launch_local_servers(

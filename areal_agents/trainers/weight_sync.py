@@ -287,9 +287,18 @@ class WeightSync:
         self._load(calls(targets), targets, version, time.perf_counter(), None, push=False)
         return version
 
-    def _gone(self, servers: list[InferenceServer]) -> bool:
-        """Whether any of ``servers`` died or was replaced (its restart loads the version)."""
-        return any(not any(s is now for now in self.servers) or not self.alive(s) for s in servers)
+    def _gone(self, servers: list[InferenceServer], settle_s: float = 0.0) -> bool:
+        """Whether any of ``servers`` died or was replaced (its restart loads the version);
+        ``settle_s``: how long a server whose call just failed may take to be seen dead (its
+        connections are reset before its process ends, and an actor's death takes a moment to
+        reach the driver)."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            if any(not any(s is now for now in self.servers) or not self.alive(s) for s in servers):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     def _load(
         self,
@@ -309,21 +318,28 @@ class WeightSync:
         try:
             futures = {pool.submit(fn, arg, version, timeout): who for who, fn, arg in calls}
             done, pending = concurrent.futures.wait(futures, timeout=timeout + self.grace_s)
-            if any(not self._gone(futures[f]) for f in pending):
+            if any(not self._gone(futures[f], settle_s=5.0) for f in pending):
                 raise WeightSyncError(
                     f"weight version {version}: {len(pending)} server(s) did not answer within "
                     f"{timeout}s (inference.weight_sync_timeout_s)"
                 )
             for f in done:
                 error = f.exception()
-                if error is None or self._gone(futures[f]):
+                if error is None or self._gone(futures[f], settle_s=5.0):
                     continue
                 if isinstance(error, WeightSyncError):
                     raise error
                 raise WeightSyncError(f"weight version {version}: {error}") from error
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # never wait on a stuck server
-        served = {id(s): int(s.weight_version()) for s in targets if not self._gone([s])}
+        served: dict[int, int] = {}
+        for s in targets:
+            try:
+                if not self._gone([s]):
+                    served[id(s)] = int(s.weight_version())
+            except Exception:
+                if not self._gone([s], settle_s=5.0):
+                    raise
         if any(v != version for v in served.values()):
             raise WeightSyncError(
                 f"pushed weight version {version} but the servers serve {list(served.values())}"
