@@ -19,6 +19,7 @@ of the package; the command lines, trainers and servers are modules to import.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +28,6 @@ from typing import TYPE_CHECKING, Any
 #: StartupClock`), whatever ran in the process before Python did (``exec`` from a script).
 IMPORTED_AT = time.time()
 
-# the list of built-in environments (no environment module: entry points are strings)
-from areal_agents.envs.registry import register_builtin_envs as _register_builtin_envs  # noqa: E402
 from areal_agents.errors import AgentsError, ConfigError, InfrastructureError  # noqa: E402
 from areal_agents.types import Message, ToolCall, ToolSpec, Trajectory, Turn  # noqa: E402
 
@@ -56,7 +55,13 @@ __all__ = [
 _LAZY = {"make_env", "register_builtin_envs", "resolve_env_id"}
 
 
-_register_builtin_envs()
+# The list of built-in environments (no environment module: entry points are strings). A
+# process without Gymnasium registers nothing: vLLM's own environment imports only the serving
+# modules (``serving/vllm_transfer.py`` beside vLLM), and so does a server-only install.
+if importlib.util.find_spec("gymnasium") is not None:
+    from areal_agents.envs.registry import register_builtin_envs as _register_builtin_envs
+
+    _register_builtin_envs()
 
 
 def __getattr__(name: str) -> Any:

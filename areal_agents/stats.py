@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -135,8 +135,11 @@ class PairedComparison:
         )
 
 
+_Task = TypeVar("_Task", bound=Hashable)
+
+
 def compare_paired(
-    before: Mapping[Hashable, bool], after: Mapping[Hashable, bool], *, seed: int = 0
+    before: Mapping[_Task, bool], after: Mapping[_Task, bool], *, seed: int = 0
 ) -> PairedComparison:
     """Compare ``{task: solved}`` before and after on the tasks both maps hold (a task dropped
     by either measurement is left out of the pairs)."""

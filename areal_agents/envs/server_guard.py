@@ -33,7 +33,7 @@ from starlette.requests import Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from areal_agents.envs.request_errors import RequestError
-from areal_agents.envs.wire import API_KEY_ENV, resolve_api_key
+from areal_agents.envs.wire import API_KEY_ENV
 
 __all__ = ["ApiKeyGuard", "authorised", "read_body", "timed_h11"]
 
