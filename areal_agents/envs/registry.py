@@ -68,7 +68,8 @@ BUILTIN_ENVS: tuple[BuiltinEnv, ...] = (
         "areal_agents.envs.math_python:MathPythonEnv",
         2,
     ),
-    BuiltinEnv("search", "areal_agents/Search-v0", "areal_agents.envs.search:SearchEnv", 3),
+    # search: its synthetic questions take up to 3 hops, one search each, then the answer
+    BuiltinEnv("search", "areal_agents/Search-v0", "areal_agents.envs.search:SearchEnv", 4),
 )
 
 #: short name -> id, as used on the command line (``env=calculator``).

@@ -245,3 +245,19 @@ def test_alias_and_check_env_on_a_fixed_world() -> None:
         check_env(env.unwrapped)
     env.close()
     assert np.isfinite(len(SyntheticKnowledgeBase(0)))
+
+
+def test_the_trainer_preset_can_answer_every_question_it_asks() -> None:
+    """``env=search``'s turn limit leaves room for the longest chain (one search per hop, then
+    the answer): with 3 turns, the 3-hop held-out questions were unanswerable."""
+    from areal_agents.trainers.config import EnvConfig
+
+    preset = EnvConfig.from_name("search")
+    env = make_env("search", **preset.make_kwargs())
+    rng = np.random.default_rng(0)
+    inner = env.unwrapped
+    assert isinstance(inner, SearchEnv)
+    tasks = [inner.sample_task(rng) for _ in range(64)]
+    assert max(t.metadata["hops"] for t in tasks) == 3  # the longest chains are asked
+    assert all(inner.demonstration(t) is not None for t in tasks)
+    env.close()
