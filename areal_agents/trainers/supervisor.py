@@ -80,7 +80,8 @@ def _describe(event: dict[str, Any]) -> str:
     )
     took = f" in {event['restart_s']:.1f} s" if "restart_s" in event else ""
     again = f", {event['requeued']} group(s) admitted again" if event.get("requeued") else ""
-    return f"{what} {event.get('index', '')} at step {event.get('step')}{took}{again}"
+    index = f" {event['index']}" if "index" in event else ""  # a learner's names none
+    return f"{what}{index} at step {event.get('step')}{took}{again}"
 
 
 class Supervisor:
