@@ -13,7 +13,8 @@ variant's overrides. Each variant's held-out success after RL is paired with the
     python -m benchmarks.rl_gain warm --seeds 0,1,2
     python -m benchmarks.rl_gain run --seeds 0,1,2 --name default
     python -m benchmarks.rl_gain run --seeds 0,1,2 --name placebo algo.shuffle_rewards=true
-    python -m benchmarks.rl_gain table
+    python -m benchmarks.rl_gain table      # one row per run
+    python -m benchmarks.rl_gain variants   # one row per variant, over its seeds
 
 Results: ``<root>/<env>-seed<S>/<name>/`` (the run) and ``benchmarks/results/rl_gain.json``
 (one entry per env, seed and variant, replaced when re-run).
@@ -33,7 +34,7 @@ from typing import Any
 
 from areal_agents.files import read_json, read_jsonl, write_json
 
-__all__ = ["main", "run_variant", "warm"]
+__all__ = ["by_variant", "main", "run_variant", "table", "warm"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "rl_gain.json"
@@ -160,19 +161,48 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def by_variant(entries: Sequence[dict[str, Any]]) -> str:
+    """A markdown table: one row per env and variant, over its seeds: each seed's RL gain, their
+    mean and smallest, the tasks fixed and broken in all, and the mean update KL."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e in entries:
+        if e.get("held_out"):
+            groups.setdefault((e["env"], e["name"]), []).append(e)
+    lines = [
+        "| env | variant | seeds | RL gain per seed (points) | mean | min | fixed / broken "
+        "| update KL (mean) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (env, name), runs in sorted(groups.items()):
+        runs = sorted(runs, key=lambda e: e["seed"])
+        gains = [float(e["held_out"]["gain_points"]) for e in runs]
+        fixed = sum(int(e["held_out"]["improved"]) for e in runs)
+        broken = sum(int(e["held_out"]["regressed"]) for e in runs)
+        kls = [k for e in runs for k in e.get("update_kl") or [] if k is not None]
+        kl = f"{sum(kls) / len(kls):.2e}" if kls else "-"
+        seeds = ",".join(str(e["seed"]) for e in runs)
+        per_seed = ", ".join(f"{g:+.1f}" for g in gains)
+        lines.append(
+            f"| {env} | {name} | {seeds} | {per_seed} | **{sum(gains) / len(gains):+.1f}** "
+            f"| {min(gains):+.1f} | {fixed} / {broken} | {kl} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("warm", "run", "table"))
+    parser.add_argument("action", choices=("warm", "run", "table", "variants"))
     parser.add_argument("--env", default="code_sandbox")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--root", default="runs/rl_gain")
     parser.add_argument("--name", default="default", help="the variant's name (run)")
     parser.add_argument("--held-out", type=int, default=128)
     parser.add_argument("overrides", nargs="*", help="config overrides of the variant (run)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     root = Path(args.root)
-    if args.action == "table":
-        print(table(read_json(RESULTS) if RESULTS.is_file() else []))
+    if args.action in ("table", "variants"):
+        entries = read_json(RESULTS) if RESULTS.is_file() else []
+        print(table(entries) if args.action == "table" else by_variant(entries))
         return
     for seed in (int(s) for s in args.seeds.split(",")):
         if args.action == "warm":
