@@ -16,8 +16,10 @@ from areal_agents.files import read_jsonl
 from areal_agents.trainers.buffer import Group
 
 __all__ = [
+    "assistant_turns",
     "print_summary",
     "sample_transcripts",
+    "staleness_by_length",
     "step_metrics",
     "waiting_postfix",
     "write_transcript_viewer",
@@ -36,6 +38,32 @@ def waiting_postfix(stats: dict[str, float]) -> str:
     if ready == 0 and in_flight == 0:
         return "starting: no group admitted yet (servers and rollout workers loading)"
     return f"generating: {ready} groups ready, {in_flight} in flight"
+
+
+def assistant_turns(mask: list[int] | tuple[int, ...]) -> int:
+    """The assistant turns of an episode: the runs of 1s of its loss mask.
+
+    >>> assistant_turns([0, 1, 1, 0, 0, 1, 0])
+    2
+    """
+    return sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
+
+
+def staleness_by_length(trajs: list[Any], trained_version: int) -> dict[str, float]:
+    """How stale the batch's episodes are by their length, to see whether the batch order or the
+    admission rules train long episodes staler than short ones: ``staleness/turns<n>_mean`` (the
+    mean over the episodes with ``n`` assistant turns of ``trained_version - min_version``) and
+    ``batch/turns<n>_episodes`` (how many there are)."""
+    ages: dict[int, list[int]] = {}
+    for t in trajs:
+        if t.min_version >= 0:
+            age = trained_version - t.min_version
+            ages.setdefault(assistant_turns(t.loss_mask), []).append(age)
+    out: dict[str, float] = {}
+    for n, values in sorted(ages.items()):
+        out[f"staleness/turns{n}_mean"] = statistics.fmean(values)
+        out[f"batch/turns{n}_episodes"] = float(len(values))
+    return out
 
 
 def step_metrics(
@@ -62,6 +90,7 @@ def step_metrics(
         "tokens/total": sum(len(t.sequence_ids) for t in trajs),
         "staleness/max": max(staleness, default=0),
         "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
+        **staleness_by_length(trajs, trained_version),
         "throughput/tokens_per_s": policy_tokens / max(times["step_s"], 1e-9),
         **{f"time/{k}": v for k, v in times.items()},
         **learn,
