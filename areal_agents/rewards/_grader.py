@@ -35,7 +35,7 @@ from multiprocessing.reduction import send_handle
 from typing import Any
 
 from areal_agents.rewards._confine import confine, keep_with_parent, prepare
-from areal_agents.rewards._harden import harden
+from areal_agents.rewards._harden import harden, install
 
 __all__ = ["warm_up"]
 
@@ -214,6 +214,7 @@ class _Zygote:
 def _zygote_main(fd: int) -> None:
     """Entry point of the zygote process (see the module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent to handle
+    install()  # before any import of a grader: every guarded module is guarded as it loads
     config: dict[str, Any] = json.loads(os.environ.get("AREAL_GRADER_CONFIG", "{}"))
     workdir = tempfile.mkdtemp(prefix="areal-grader-")
     os.chmod(workdir, 0o555)  # empty, and nobody may write to it

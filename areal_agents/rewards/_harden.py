@@ -7,8 +7,11 @@ sympy's ``parse_expr`` (which turns the text into Python and ``eval``\\ s it), a
 answer itself. So ``<answer>__import__('os').system(...)</answer>`` ran, and an answer could
 patch the scorer (``numpy.isclose``) and score its own wrong result 1.0.
 
-:func:`harden` is applied in the grading zygote (:mod:`._grader`), never in the calling
-process, after each module it imports:
+:func:`install` applies them in the grading zygote (:mod:`._grader`), never in the calling
+process, first to what is loaded, then through an import hook to each such module as soon as
+it is imported, in the zygote or during a grade (a test that runs ``import sympy`` and then
+``sympy.sympify`` of a string the solution returned, in the round whose answers are known);
+:func:`harden` applies them again before every job:
 
 * sympy's ``stringify_expr`` (the step of ``parse_expr`` and of ``sympify`` of a string that
   writes the Python to evaluate) is wrapped: the code it wrote is parsed and refused
@@ -30,12 +33,15 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib.abc
+import importlib.machinery
 import re
 import sys
+import types
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MATH_NAMES", "check_sympy_code", "harden", "literal_eval"]
+__all__ = ["MATH_NAMES", "check_sympy_code", "harden", "install", "literal_eval"]
 
 #: What sympy-parsed text may call or name besides the caller's ``local_dict``.
 MATH_NAMES = frozenset(
@@ -241,14 +247,80 @@ def _guard_sympy() -> None:
 
 def _guard_eval(prefix: str) -> None:
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == prefix or name.startswith(prefix + ".")):
-            continue
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict) and namespace.get("eval") is not literal_eval:
-            namespace["eval"] = literal_eval
+        if module is not None and (name == prefix or name.startswith(prefix + ".")):
+            _bind_literal_eval(module)
+
+
+def _bind_literal_eval(module: Any) -> None:
+    namespace = getattr(module, "__dict__", None)
+    if isinstance(namespace, dict) and namespace.get("eval") is not literal_eval:
+        namespace["eval"] = literal_eval
 
 
 def harden() -> None:
     """Apply the guards to whatever is loaded (idempotent; grading processes only)."""
     _guard_sympy()
     _guard_eval("reasoning_gym")
+
+
+# ---- guarded as soon as imported -----------------------------------------------------------
+
+_SYMPY_PARSER = "sympy.parsing.sympy_parser"
+
+
+def _guarded_name(name: str) -> bool:
+    return name == _SYMPY_PARSER or name == "reasoning_gym" or name.startswith("reasoning_gym.")
+
+
+class _GuardingLoader(importlib.abc.Loader):
+    """Runs the real loader, then applies the guard to the module it has just run; anything
+    else (``get_source``, ``get_resource_reader``, ...) is the real loader's."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        module: types.ModuleType | None = self._loader.create_module(spec)
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        if module.__name__ == _SYMPY_PARSER:
+            _guard_sympy()
+        else:
+            _bind_literal_eval(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _GuardOnImport(importlib.abc.MetaPathFinder):
+    """Hands out the specs of the guarded modules with a :class:`_GuardingLoader`, so that
+    a module a grade imports itself (a test that runs ``import sympy`` and then ``sympify``
+    of a value the solution returned) is guarded before anything can call it."""
+
+    def find_spec(
+        self, fullname: str, path: Any, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if not _guarded_name(fullname):
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
+            if spec is None:
+                continue
+            loader = spec.loader
+            if loader is not None and hasattr(loader, "exec_module"):
+                spec.loader = _GuardingLoader(loader)
+            return spec
+        return None
+
+
+def install() -> None:
+    """Guard what is loaded now and, through an import hook, every guarded module imported
+    later in this process and its forks (the grading zygote calls it first of all)."""
+    if not any(isinstance(finder, _GuardOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _GuardOnImport())
+    harden()
