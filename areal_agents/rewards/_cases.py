@@ -33,18 +33,25 @@ def _parse(source: str) -> ast.Module | None:
         return None
 
 
+def _seen() -> ast.stmt:
+    call = ast.Call(func=ast.Name(id="__areal_seen__", ctx=ast.Load()), args=[], keywords=[])
+    return ast.Expr(value=call)
+
+
 class _Asserts(ast.NodeTransformer):
     """``assert test, msg`` -> ``__areal_seen__()`` then ``if not test: __areal_fail__(msg)``:
     the same check, counted when it runs and recorded by the judge when it fails (so that a
     ``try``/``except`` of the tests around it cannot hide the failure), except that after a
     round's first unknown call (when nothing it finds counts) a failed assert lets the test go
-    on, so that the rest of its calls are found in the same round."""
+    on, so that the rest of its calls are found in the same round.
+
+    A function of the tests that holds a check (an ``assert``, a ``raise``, an exit with a
+    status) counts as one check when it runs (``__areal_seen__()`` first thing), whether or
+    not its check fires: ``def test(): if f(1) != 2: raise AssertionError`` then ``test()``,
+    and a "must raise" test whose ``else: assert False`` never runs, are checks."""
 
     def visit_Assert(self, node: ast.Assert) -> list[ast.stmt]:
         self.generic_visit(node)
-        seen = ast.Expr(
-            value=ast.Call(func=ast.Name(id="__areal_seen__", ctx=ast.Load()), args=[], keywords=[])
-        )
         fail = ast.Call(
             func=ast.Name(id="__areal_fail__", ctx=ast.Load()),
             args=[node.msg or ast.Constant(value=None)],
@@ -52,7 +59,18 @@ class _Asserts(ast.NodeTransformer):
         )
         test = ast.UnaryOp(op=ast.Not(), operand=node.test)
         check = ast.If(test=test, body=[ast.Expr(value=fail)], orelse=[])
-        return [ast.copy_location(seen, node), ast.copy_location(check, node)]
+        return [ast.copy_location(_seen(), node), ast.copy_location(check, node)]
+
+    def visit_FunctionDef(self, node: Any) -> Any:
+        holds_check = _static(node.body)[0]  # before its asserts are rewritten
+        self.generic_visit(node)
+        if holds_check:
+            first = node.body[0] if node.body else None
+            docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            node.body.insert(1 if docstring else 0, ast.copy_location(_seen(), node))
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
 
 
 def compile_tests(tree: ast.Module | str, filename: str) -> Any:
@@ -66,9 +84,10 @@ def compile_tests(tree: ast.Module | str, filename: str) -> Any:
 class Piece:
     """One statement of the tests (or one test snippet), run on its own by the judge.
 
-    ``code`` is compiled (``str``: why it does not compile); ``checks``: it holds an ``assert``
-    or a ``raise`` outside any ``def``, ``class`` or ``lambda`` (what runs when the piece
-    runs); ``stores``: the names it binds there."""
+    ``code`` is compiled (``str``: why it does not compile); ``checks``: it holds an ``assert``,
+    a ``raise`` or an exit with a status (``sys.exit``, ``exit``, ``quit``, ``os._exit``,
+    ``os.abort``) outside any ``def``, ``class`` or ``lambda`` (what runs when the piece runs);
+    ``stores``: the names it binds there."""
 
     code: Any
     checks: bool
@@ -78,12 +97,30 @@ class Piece:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
+_EXITS = {"exit", "quit"}
+_MODULE_EXITS = {("sys", "exit"), ("os", "_exit"), ("os", "abort")}
+
+
+def _exits(node: ast.AST) -> bool:
+    """A call that ends the program with a status: how a test program may report a failure."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id in _EXITS
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and (func.value.id, func.attr) in _MODULE_EXITS
+    )
+
+
 def _static(nodes: list[ast.stmt]) -> tuple[bool, frozenset[str]]:
     checks, stores = False, set()
     stack: list[ast.AST] = list(nodes)
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.Assert | ast.Raise):
+        if isinstance(node, ast.Assert | ast.Raise) or _exits(node):
             checks = True
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             stores.add(node.id)

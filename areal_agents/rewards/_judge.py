@@ -11,24 +11,28 @@ verdict (:mod:`areal_agents.rewards.code` has the loop).
 The verdict does not depend on the test file's shape:
 
 * **Every statement counts.** The tests run statement by statement (a snippet of ``cases``,
-  a top-level statement of a program, a statement of HumanEval's ``check``), then every test
-  function (``test*``, no required argument) and ``unittest.TestCase`` the program defined
-  but never ran, as pytest would. A statement that fails, whatever it is and whatever it
-  raised (an ``assert``, ``raise AssertionError`` in an ``if``, a ``test()`` call, a
-  ``__main__`` guard, ``unittest.main()``), fails the verdict. ``sys.exit(0)`` ends the
-  program as it would in Python.
+  a top-level statement of a program, a statement of HumanEval's ``check``), then what
+  pytest would still run (:mod:`._collect`: test functions never called, ``Test*`` classes,
+  ``unittest.TestCase`` classes never run). A statement that fails, whatever it is and
+  whatever it raised (an ``assert``, ``raise AssertionError`` in an ``if``, a ``test()`` call,
+  a ``__main__`` guard, ``unittest.main()``, ``sys.exit(1)``), fails the verdict.
+  ``sys.exit(0)`` ends the program as it would in Python.
 * **What decides is recorded out of band.** A failed ``assert``, a unittest failure, a call
   that timed out, crashed or answered with something unsendable, and the case alarm are
   written into the round's record *before* anything is raised, so a test's bare ``except:``,
-  ``except BaseException`` or ``contextlib.suppress`` around it changes nothing.
+  ``except BaseException``, ``contextlib.suppress``, ``finally: return`` or ``__del__``
+  around it changes nothing; a unittest test that catches its own failed assertion, or skips
+  itself once it has called the solution, fails.
 * **A case is a statement that checks the solution.** For ``passed``/``total`` (what
   ``fraction`` mode pays) a statement counts when it fails, or when it ran a check (an
-  ``assert``, a ``raise``, a unittest test) and involved the solution: it called the
-  solution, or read one of its values or a name an earlier such statement bound. So
+  ``assert``, a ``raise`` or an exit with a status, a function of the tests holding one, a
+  unittest test) and involved the solution: it called the solution, or read one of its
+  values or a name an earlier such statement bound. So
   ``assert True`` pays nothing, and ``x = f()`` alone is not a case while ``assert x == 1``
   is. A test program that never involves the solution scores nothing.
 * **Nothing formatted from a value can raise**: messages are built with a guarded ``str``
-  (an int past the 4300-digit limit, a failing ``__str__``, lone surrogates are escaped).
+  (an int past the 4300-digit limit, a failing ``__str__``, lone surrogates are escaped),
+  under the case alarm (a ``__repr__`` that never returns is a case timeout).
 
 Discovery: so that one round finds a whole loop's worth of calls (``for x in xs: assert
 f(x) == g(x)``), an unknown call returns a *pending* placeholder that says yes to comparisons
@@ -75,6 +79,7 @@ from areal_agents.rewards._cases import (
     solution_names,
     split,
 )
+from areal_agents.rewards._collect import leftovers, test_like, unittest_hooks
 from areal_agents.rewards._grader import warm_up
 from areal_agents.rewards._wire import dumps
 
@@ -134,61 +139,6 @@ def _limit(state: _State, seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-# ---- unittest: its failures recorded too -----------------------------------------------------
-
-
-@contextlib.contextmanager
-def _unittest_hooks(state: _State, ran: set[type]) -> Iterator[None]:
-    """While a round runs, unittest's result objects also record into the round's state."""
-    import unittest.result
-
-    result_cls = unittest.result.TestResult
-    saved = {n: result_cls.__dict__[n] for n in ("startTest", "addError", "addFailure")}
-    saved.update({n: result_cls.__dict__[n] for n in ("addSubTest", "addUnexpectedSuccess")})
-
-    def describe(test: Any, err: Any) -> str:
-        name = safe_str(getattr(test, "_testMethodName", None) or test, 100)
-        kind = err[0].__name__ if isinstance(err, tuple) and err and err[0] else "error"
-        detail = safe_str(err[1], 300) if isinstance(err, tuple) and len(err) > 1 else ""
-        return f"unittest {name}: {safe_str(kind, 80)}: {detail}"
-
-    def start(self: Any, test: Any) -> None:
-        state.checks += 1
-        ran.add(type(test))
-        saved["startTest"](self, test)
-
-    def failed(which: str) -> Callable[..., None]:
-        def hook(self: Any, test: Any, err: Any) -> None:
-            state.note("fail", describe(test, err))
-            saved[which](self, test, err)
-
-        return hook
-
-    def sub(self: Any, test: Any, subtest: Any, err: Any) -> None:
-        if err is not None:
-            state.note("fail", describe(subtest, err))
-        saved["addSubTest"](self, test, subtest, err)
-
-    def unexpected(self: Any, test: Any) -> None:
-        state.note("fail", f"unittest {safe_str(test, 100)}: unexpected success")
-        saved["addUnexpectedSuccess"](self, test)
-
-    patches = {
-        "startTest": start,
-        "addError": failed("addError"),
-        "addFailure": failed("addFailure"),
-        "addSubTest": sub,
-        "addUnexpectedSuccess": unexpected,
-    }
-    for name, fn in patches.items():
-        setattr(result_cls, name, fn)
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(result_cls, name, fn)
-
-
 # ---- one round -----------------------------------------------------------------------------
 
 
@@ -206,7 +156,7 @@ def judge_round(spec: JudgeSpec, answers: dict[str, str], discovery: bool) -> Ro
             stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
             stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
             if uses_unittest:
-                stack.enter_context(_unittest_hooks(state, ran))
+                stack.enter_context(unittest_hooks(state, ran))
             return _Round(spec, state, main.__dict__, ran).run()
     finally:
         random.setstate(saved[0])
@@ -314,14 +264,15 @@ class _Round:
             labelled += [("check", p) for p in body]
         return labelled
 
-    def involved(self, code: Any, interactions: int) -> bool:
+    def involved(self, codes: tuple[Any, ...], interactions: int) -> bool:
         if self.state.interactions > interactions:
             return True
         watched = self.values | self.tainted
-        return bool(watched) and bool(_names(code, self.namespace) & watched)
+        return bool(watched) and any(_names(code, self.namespace) & watched for code in codes)
 
-    def step(self, kind: str, item: Piece | Callable[[], Any]) -> None:
-        """Run one statement (or one test function) and count it."""
+    def step(self, kind: str, item: Piece | Callable[[], Any], codes: tuple[Any, ...] = ()) -> None:
+        """Run one statement (or one leftover test, whose ``codes`` say what it may read) and
+        count it."""
         state = self.state
         if isinstance(item, Piece) and isinstance(item.code, str):  # does not compile
             self.count("fail", item.code, kind, case=True)
@@ -335,23 +286,29 @@ class _Round:
             state.note("timeout", "the grade ran out of time")
         else:
             try:
-                with _limit(state, budget):
-                    if isinstance(item, Piece):
-                        exec(item.code, self.namespace)
-                    else:
-                        item()
-            except SystemExit as e:
-                if e.code in (None, 0, False):
-                    self.stopped = True  # the program ended, as it would in Python
-                else:
-                    escaped = f"SystemExit: {safe_str(e.code)}"
+                with _limit(state, budget):  # describing what escaped may loop too
+                    try:
+                        if isinstance(item, Piece):
+                            exec(item.code, self.namespace)
+                        else:
+                            item()
+                    except SystemExit as e:
+                        if e.code in (None, 0, False):
+                            self.stopped = True  # the program ended, as it would in Python
+                        else:
+                            escaped = f"SystemExit: {safe_str(e.code)}"
+                    except _Signal:
+                        pass  # recorded already (or an unknown call: the round is not final)
+                    except BaseException as e:
+                        escaped = _describe(e)
             except _Signal:
-                pass  # recorded already (or an unknown call: the round is not final)
-            except BaseException as e:
-                escaped = _describe(e)
+                pass  # the case alarm, recorded already
         new = state.events[events:]
-        target = getattr(item, "__wrapped__", item)
-        code = item.code if isinstance(item, Piece) else getattr(target, "__code__", None)
+        if isinstance(item, Piece):
+            codes = (item.code,)
+        elif not codes:
+            target = getattr(item, "__wrapped__", item)
+            codes = (target.__code__,) if hasattr(target, "__code__") else ()
         if new:
             status, message = new[0]
         elif state.dirty:
@@ -361,7 +318,7 @@ class _Round:
             status, message = "fail", escaped
         else:
             status, message = "ok", ""
-        involved = code is not None and self.involved(code, interactions)
+        involved = self.involved(codes, interactions)
         ran_check = state.checks > checks or (isinstance(item, Piece) and item.checks)
         if involved and isinstance(item, Piece):
             # what it bound, and the containers it passed (the solution may change them)
@@ -391,7 +348,7 @@ class _Round:
     def track(self) -> None:
         """Note the test functions defined so far (wrapped, to know if they get called)."""
         for name, value in list(self.namespace.items()):
-            if name in self.test_functions or not _test_like(name, value):
+            if name in self.test_functions or not test_like(name, value):
                 continue
             self.test_functions[name] = False
             self.namespace[name] = self._tracked(name, value)
@@ -404,25 +361,6 @@ class _Round:
 
         return wrapper
 
-    def leftovers(self) -> list[Callable[[], Any]]:
-        """What pytest would still run: the test functions never called, and the unittest
-        classes none of whose tests ran."""
-        found: list[Callable[[], Any]] = [
-            self.namespace[name] for name, called in self.test_functions.items() if not called
-        ]
-        if "unittest" in sys.modules:
-            import unittest
-
-            for value in list(self.namespace.values()):
-                if (
-                    isinstance(value, type)
-                    and issubclass(value, unittest.TestCase)
-                    and value.__module__ == "__main__"
-                    and value not in self.ran
-                ):
-                    found.append(functools.partial(_run_test_case, value))
-        return found
-
     def run(self) -> Round:
         self.bind()
         for kind, item in self.pieces():
@@ -431,8 +369,8 @@ class _Round:
             if self.stopped:
                 break
         if not self.stopped:
-            for leftover in self.leftovers():
-                self.step("auto", leftover)
+            for leftover, codes in leftovers(self.namespace, self.test_functions, self.ran):
+                self.step("auto", leftover, codes)
                 if self.stopped:
                     break
         decided = self.final or (self.spec.fail_fast and bool(self.failures))
@@ -449,24 +387,6 @@ class _Round:
             setup_error=self.program_error,
             calls=() if decided else tuple(self.state.new.values()),
         )
-
-
-def _test_like(name: str, value: Any) -> bool:
-    if not (name.startswith("test") and isinstance(value, types.FunctionType)):
-        return False
-    code = value.__code__
-    if not code.co_filename.startswith("<test"):
-        return False  # the preamble's, or an import's
-    required = code.co_argcount - len(value.__defaults__ or ())
-    kwonly = code.co_kwonlyargcount - len(value.__kwdefaults__ or {})
-    return required <= 0 and kwonly <= 0
-
-
-def _run_test_case(cls: type) -> None:
-    import unittest
-
-    suite = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
-    unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
 
 
 def _names(code: Any, namespace: dict[str, Any]) -> set[str]:
