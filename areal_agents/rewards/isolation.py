@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 
 from areal_agents.errors import ConfigError, InfrastructureError, RewardTimeout
 from areal_agents.rewards._grader import _resolve, warm_up
+from areal_agents.rewards.base import error_text, safe_text
 
 __all__ = [
     "GraderPool",
@@ -490,7 +491,7 @@ class GraderPool:
             try:
                 reply = _load_reply(data)
             except Exception as e:  # not a reply this process will read (see _load_reply)
-                raise GradingFailed(f"{name}: its reply cannot be read: {e!r}"[:500]) from None
+                raise GradingFailed(f"{name}: its reply cannot be read: {error_text(e)}") from None
             status, value = reply[0], reply[1]
             keep = status == "ok" or (status == "raised" and _healthy_after(value))
         finally:
@@ -500,12 +501,22 @@ class GraderPool:
         if status == "ok":
             return kept, value
         if status == "unpicklable":
-            raise GradingFailed(f"{name}: {value} ({reply[2]})")
+            raise GradingFailed(f"{name}: {_shown(value)} ({_shown(reply[2])})")
         if isinstance(value, MemoryError | RecursionError):
             raise GradingFailed(f"{name} ran out of {_resource(value)} on this input") from None
         if not isinstance(value, Exception):  # SystemExit, KeyboardInterrupt: not ours to raise
-            raise GradingFailed(f"{name} raised {type(value).__name__}: {value}") from None
+            raise GradingFailed(f"{name} raised {error_text(value)}") from None
         raise _Raised(kept, value)
+
+
+def _shown(value: Any) -> str:
+    """A value a worker sent, for a message: never raises (a huge int, a deep list), always
+    valid UTF-8, at most 500 characters."""
+    try:
+        text = value if type(value) is str else repr(value)
+    except BaseException:
+        text = f"<{type(value).__name__}>"
+    return safe_text(text)
 
 
 def _healthy_after(error: Any) -> bool:
