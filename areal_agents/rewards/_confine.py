@@ -8,16 +8,18 @@ A worker is forked from the zygote, confined here, used for exactly one grade an
   the worker's own socket is closed;
 * **limits** (``setrlimit``): address space ``memory_mb``; no core files; file size 0 (writing
   one byte to a regular file kills the process); at most 64 open descriptors; no new processes
-  (``RLIMIT_NPROC`` 0, in force once the uid is not root's); CPU time as a backstop;
+  and no new threads either (``RLIMIT_NPROC`` 0 counts both; in force once the uid is not
+  root's); CPU time as a backstop;
 * **identity**: run as root, the worker becomes a uid and gid of its own (``UID_BASE`` + its
   pid, no supplementary groups), so that it owns no file and cannot signal or trace another
   worker; where that uid cannot be had (a user namespace that maps few ids), ``nobody``
   (65534). Any capability still held after that is dropped. Not dumpable, no new privileges
   (``setuid`` programs do not raise them), killed when the zygote dies;
 * **system calls** (seccomp, x86-64 and arm64): creating sockets, running programs, creating
-  processes (threads stay allowed), tracing or signalling other processes, opening a file for
-  writing, and every call that creates, removes, renames or changes a file, or mounts,
-  unshares or uses io_uring, BPF, SysV IPC or keyrings fail with ``EPERM``;
+  processes (the filter lets threads through; the process limit above stops them), tracing
+  or signalling other processes, opening a file for writing, and every call that creates,
+  removes, renames or changes a file, or mounts, unshares or uses io_uring, BPF, SysV IPC or
+  keyrings fail with ``EPERM``;
 * **environment**: the current directory is an empty directory nobody may write to; the
   environment is the zygote's, which holds only ``PATH``, ``LANG`` and the thread settings (the
   caller's variables, API keys included, never reach it); no bytecode is written.
