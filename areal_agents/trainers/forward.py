@@ -70,6 +70,7 @@ __all__ = [
     "forwarded_tokens",
     "micro_batch_cost",
     "pack",
+    "position_logits",
     "prepass",
     "shared_prefix",
     "token_logprobs",
@@ -279,6 +280,52 @@ def token_logprobs(
         entropy=None if ent is None else packed.unpack(ent[0], width),
         tokens=packed.tokens,
     )
+
+
+def position_logits(
+    model: nn.Module,
+    mb: Batch,
+    rows: list[int],
+    cols: list[int],
+    *,
+    device: torch.device,
+    share: bool,
+) -> Tensor:
+    """The logits ``[P, V]`` of the causal LM ``model`` at ``P`` predicted positions of ``mb``
+    (``cols[i]`` of row ``rows[i]``, each after the rows' shared prefix when packed: a policy
+    token's position always is), in one forward packed around the shared prefix when ``share``
+    (module docstring), else one forward per row. No gradient bookkeeping of its own: run it
+    under ``torch.no_grad()`` for a measurement."""
+    packed = _packed(model, mb, share, device)
+    if packed is None:
+        out = []
+        for r in sorted(set(rows)):
+            want = [c for rr, c in zip(rows, cols, strict=True) if rr == r]
+            ids = mb.sequence_ids[r, : max(want) + 2].to(device)[None]
+            keep = torch.tensor(want, dtype=torch.long, device=device)
+            kwargs = {"logits_to_keep": keep} if _keeps_logits(model) else {}
+            logits = model(input_ids=ids, **kwargs).logits[0]
+            out.append(logits if "logits_to_keep" in kwargs else logits[keep])
+        order = sorted(range(len(rows)), key=lambda i: (rows[i], i))  # the loop's order
+        back = torch.empty(len(rows), dtype=torch.long)
+        back[torch.tensor(order, dtype=torch.long)] = torch.arange(len(rows))
+        return torch.cat(out)[back.to(device)]
+    width = mb.sequence_ids.shape[1] - 1
+    flat = (packed.rows * width + packed.cols).tolist()  # [K] each kept position's key
+    where = {key: k for k, key in enumerate(flat)}
+    try:
+        index = [where[r * width + c] for r, c in zip(rows, cols, strict=True)]
+    except KeyError as e:
+        raise ValueError(f"a position before the shared prefix ({packed.prefix}): {e}") from None
+    keep = packed.keep[torch.tensor(index, dtype=torch.long, device=packed.keep.device)]
+    kwargs = {"logits_to_keep": keep} if _keeps_logits(model) else {}
+    logits = model(
+        input_ids=packed.input_ids,
+        attention_mask=packed.attention_mask(_mask_dtype(model)),
+        position_ids=packed.position_ids,
+        **kwargs,
+    ).logits[0]  # [P, V] (or [N, V] without logits_to_keep)
+    return logits if "logits_to_keep" in kwargs else logits[keep]
 
 
 def critic_values(critic: nn.Module, mb: Batch, *, device: torch.device, share: bool) -> Tensor:

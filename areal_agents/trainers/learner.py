@@ -109,7 +109,9 @@ class Learner(LearnerState):
         self.updates_per_step = spec.trainer.ppo_epochs * spec.trainer.minibatches
         self.needs: Needs = spec.algo.needs(self.updates_per_step)
         self.baseline = RunningBaseline() if spec.algo.baseline == "running" else None
-        self.probe = PolicyProbe(spec.trainer.probe_tokens, spec.temperature)
+        self.probe = PolicyProbe(
+            spec.trainer.probe_tokens, spec.temperature, share=spec.trainer.share_prompt_prefix
+        )
         self.brake = KLBrake(spec.trainer.target_kl)
         self._log_weights: list[Tensor] = []  # this step's step-start / behaviour log-weights
         self._record_weights = False  # while the first pass over the batch runs

@@ -12,7 +12,11 @@ after every step computes
     policy/update_kl = mean over positions of  sum_v p_before(v) log(p_before(v) / p_after(v))
 
 exactly (no sampling estimate), then keeps the new distributions for the next step. One no-grad
-forward pass over the probe rows per step (two at the first step and after a resume).
+forward pass over the probe rows per step (two at the first step and after a resume), packed
+around the prompt prefix the rows share (``trainer.share_prompt_prefix``,
+:func:`~areal_agents.trainers.forward.position_logits`): the rows' system prompt and tool
+schemas run once, not once per row (unpacked, the probe cost about a quarter of the learner's
+time on the default recipe).
 
 :class:`KLBrake` (``trainer.target_kl``) is the trust region that acts on that measurement:
 after a step that moved the policy more than the target, the learning rate of the next steps is
@@ -35,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from areal_agents.trainers.batching import Batch
+from areal_agents.trainers.forward import position_logits
 
 __all__ = ["KLBrake", "PolicyProbe"]
 
@@ -71,6 +76,8 @@ class PolicyProbe:
 
     tokens: int
     temperature: float = 1.0
+    share: bool = True
+    """Run the probe rows' shared prompt prefix once (``trainer.share_prompt_prefix``)."""
     rows: list[tuple[list[int], list[int]]] | None = None
     """The probe: ``(token ids, predicted positions)`` per row, fixed at the first batch."""
     _last: list[Tensor] | None = field(default=None, repr=False)
@@ -97,17 +104,40 @@ class PolicyProbe:
             left -= len(positions)
         self.rows = rows
 
+    def _batch(self) -> Batch:
+        """The probe rows as a padded batch whose loss mask marks the probe positions."""
+        rows = self.rows or []
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        attention = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width - 1)
+        for i, (row, positions) in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            attention[i, : len(row)] = 1
+            mask[i, positions] = 1.0
+        return Batch(
+            sequence_ids=ids,
+            attention_mask=attention,
+            loss_mask=mask,
+            behavior_logprobs=torch.zeros_like(mask),
+            rewards=torch.zeros(len(rows)),
+            truncated=torch.zeros(len(rows), dtype=torch.bool),
+            group_ids=[str(i) for i in range(len(rows))],
+            lengths=[len(row) for row, _ in rows],
+        )
+
     @torch.no_grad()
     def _distributions(self, model: nn.Module, device: torch.device) -> list[Tensor]:
-        out = []
-        for ids, positions in self.rows or []:
-            keep = torch.tensor(positions, dtype=torch.long, device=device)
-            logits = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=keep)
-            scores = logits.logits[0].float()  # [k, V]
-            if scores.shape[0] != len(positions):  # a model that ignored logits_to_keep
-                scores = scores[keep]
-            out.append(torch.log_softmax(scores / self.temperature, dim=-1).cpu())
-        return out
+        rows = self.rows or []
+        if not rows:
+            return []
+        index = [i for i, (_, positions) in enumerate(rows) for _ in positions]
+        cols = [t for _, positions in rows for t in positions]
+        logits = position_logits(
+            model, self._batch(), index, cols, device=device, share=self.share
+        )  # [P, V]
+        scores = torch.log_softmax(logits.float() / self.temperature, dim=-1).cpu()
+        return list(scores.split([len(positions) for _, positions in rows]))
 
     def before(self, model: nn.Module, device: torch.device) -> None:
         """Hold the current policy's distributions unless already held (the first step, or the

@@ -50,6 +50,37 @@ def test_update_kl_is_the_exact_kl_on_the_probe_positions(tmp_path: object) -> N
     assert third["policy/update_kl"] > 0
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_rows_sharing_a_prompt_are_probed_in_one_packed_forward(share: bool) -> None:
+    """With a shared prompt prefix the probe runs it once (trainer.share_prompt_prefix) and
+    still measures the exact KL: the packed distributions are the unpacked ones."""
+    prefix = tuple(range(100, 130))  # 30 tokens every row starts with (a system prompt)
+    lrn = learner(probe_tokens=12, share_prompt_prefix=share)
+    data = batch(prefix=prefix)
+    lrn.probe.fix(lrn_batch(lrn, data))
+    rows = lrn.probe.rows
+    assert rows is not None and len(rows) == 2
+    calls: list[int] = []
+    hook = lrn.model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape[1]),
+        with_kwargs=True,
+    )
+    try:
+        old = _distributions(lrn, rows)
+        got = lrn.probe._distributions(lrn.model, lrn.device)
+    finally:
+        hook.remove()
+    probe_calls = calls[len(rows) :]  # _distributions above forwards each row once
+    if share:  # one forward: the prefix once, then each row's rest but its last token
+        assert probe_calls == [sum(len(ids) - 1 for ids, _ in rows) - len(prefix)]
+    else:
+        assert probe_calls == [len(ids) for ids, _ in rows]
+    for mine, exact in zip(got, old, strict=True):
+        torch.testing.assert_close(mine.double(), exact, atol=1e-4, rtol=1e-4)
+    metrics = lrn.train_step(data)
+    assert metrics["policy/update_kl"] > 0
+
+
 def lrn_batch(lrn: object, data: list[object]) -> object:
     from areal_agents.trainers.batching import collate
 
