@@ -114,9 +114,14 @@ class AlgoConfig:
     behavior_imp_floor: float | None = None
     """Units whose behaviour weight is below this are masked (weight 0); None: no floor."""
     shuffle_rewards: bool = False
-    """Placebo: the learner shuffles the rewards among the batch's episodes (seeded per step)
-    before computing advantages, so the update has the real one's size and shape but no
-    signal; what held-out success does then is drift alone (``benchmarks/rl_gain.py``)."""
+    """Placebo: the learner shuffles the rewards (seeded per step) before computing advantages,
+    so the update has the real one's size but no signal (``benchmarks/rl_gain.py``)."""
+    shuffle_scope: str = "batch"
+    """Where the placebo shuffles: ``batch`` (among all the batch's episodes: a group whose
+    episodes all earned the same reward usually gets mixed ones, so the placebo also trains
+    groups the real run gives no gradient) or ``group`` (within each group: every group keeps
+    its own rewards and the real run's advantages, only which episode earned which is drawn at
+    random; the same rows train, with the same advantage sizes: drift alone)."""
     aggregation: str = "token_mean"
     """token_mean | seq_mean_token_mean | seq_sum_norm (see ``losses.aggregate``)."""
     norm_tokens: int | None = None
@@ -171,6 +176,7 @@ class AlgoConfig:
         _choose("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _choose("baseline", self.baseline, _BASELINES)
         _choose("std_scope", self.std_scope, _STD_SCOPES)
+        _choose("shuffle_scope", self.shuffle_scope, _STD_SCOPES)
         _choose("behavior_imp_mode", self.behavior_imp_mode, IMP_MODES)
         _choose("behavior_imp_level", self.behavior_imp_level, IMP_LEVELS)
         _choose("behavior_imp_agg", self.behavior_imp_agg, IMP_AGGS)

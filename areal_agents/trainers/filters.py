@@ -6,8 +6,9 @@
   of policy tokens (the environment's tokens separate turns): :func:`longest_turn`.
 * Overlong filtering (``algo.mask_truncated``): a truncated episode gets no loss
   (:func:`truncation_mask`); its reward still counts in its group's baseline.
-* The placebo (``algo.shuffle_rewards``): the batch's rewards in a seeded random order
-  (:func:`shuffled_rewards`), so that an update of the real one's size carries no signal.
+* The placebo (``algo.shuffle_rewards``): the rewards in a seeded random order
+  (:func:`shuffled_rewards`), among the whole batch or within each group
+  (``algo.shuffle_scope``), so that an update of the real one's size carries no signal.
 
 :func:`shape_batch` applies both as the config asks; every rank of the learner applies it to
 the whole batch, identically. Dynamic sampling (``algo.dynamic_sampling``) is not here: it
@@ -22,6 +23,7 @@ admits other tasks in their place. Each function is pure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -48,6 +50,8 @@ class FilterKnobs(Protocol):
     def mask_truncated(self) -> bool: ...
     @property
     def shuffle_rewards(self) -> bool: ...
+    @property
+    def shuffle_scope(self) -> str: ...
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> Tensor:
@@ -77,18 +81,27 @@ def truncation_mask(mask: Tensor, truncated: Tensor) -> Tensor:
     return mask * (~truncated.bool())[:, None].to(mask.dtype)
 
 
-def shuffled_rewards(rewards: Tensor, seed: int) -> Tensor:
+def shuffled_rewards(rewards: Tensor, seed: int, groups: Sequence[str] | None = None) -> Tensor:
     """``rewards`` ``[B]`` in a random order drawn from ``seed``: the same rewards, none of them
-    (except by chance) on the episode that earned it.
+    (except by chance) on the episode that earned it; with ``groups`` (each row's group id),
+    each group's rewards are shuffled among its own rows only.
 
     >>> r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5])
     >>> s = shuffled_rewards(r, seed=3)
     >>> sorted(s.tolist()) == sorted(r.tolist()), torch.equal(s, shuffled_rewards(r, seed=3))
     (True, True)
+    >>> g = shuffled_rewards(r, seed=3, groups=["a", "a", "b", "b", "c"])
+    >>> sorted(g[:2].tolist()), sorted(g[2:4].tolist()), g[4].item()
+    ([0.0, 1.0], [0.0, 1.0], 0.5)
     """
     generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(rewards.shape[0], generator=generator)
-    return rewards[order]
+    if groups is None:
+        return rewards[torch.randperm(rewards.shape[0], generator=generator)]
+    out = rewards.clone()
+    for gid in dict.fromkeys(groups):  # each group once, in order of appearance
+        rows = torch.tensor([i for i, g in enumerate(groups) if g == gid], dtype=torch.long)
+        out[rows] = rewards[rows[torch.randperm(rows.shape[0], generator=generator)]]
+    return out
 
 
 def shape_batch(
@@ -99,19 +112,24 @@ def shape_batch(
     max_response_tokens: int | None,
     *,
     shuffle_seed: int = 0,
+    group_ids: Sequence[str] | None = None,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """``(rewards [B], loss_mask [B, T], metrics)`` after the placebo shuffle (when
     ``cfg.shuffle_rewards``, drawn from ``shuffle_seed``: pass one per step), the overlong
     penalty and filtering.
 
-    ``max_response_tokens`` is the per-turn limit (needed when ``cfg.overlong_buffer > 0``).
+    ``max_response_tokens`` is the per-turn limit (needed when ``cfg.overlong_buffer > 0``);
+    ``group_ids`` the rows' groups (needed when ``cfg.shuffle_scope`` is ``group``).
     Metrics: ``filter/overlong_penalty`` (the mean penalty added to the rewards),
     ``filter/overlong_rows`` and ``filter/truncated_masked_rows`` (rows affected),
     ``filter/shuffled_rewards`` (1 when the placebo shuffled them).
     """
     metrics: dict[str, float] = {}
     if cfg.shuffle_rewards:
-        rewards = shuffled_rewards(rewards, shuffle_seed)
+        if cfg.shuffle_scope == "group" and group_ids is None:
+            raise ValueError("algo.shuffle_scope=group needs the rows' group ids")
+        within = group_ids if cfg.shuffle_scope == "group" else None
+        rewards = shuffled_rewards(rewards, shuffle_seed, within)
         metrics["filter/shuffled_rewards"] = 1.0
     if cfg.overlong_buffer > 0:
         if max_response_tokens is None:

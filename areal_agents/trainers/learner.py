@@ -190,6 +190,7 @@ class Learner(LearnerState):
             batch.truncated,
             spec.max_response_tokens,
             shuffle_seed=cfg.seed * 1_000_003 + self.step,  # the placebo's draw, per step
+            group_ids=batch.group_ids,
         )
         batch = dataclasses.replace(batch, rewards=rewards, loss_mask=loss_mask)
         everything = list(range(len(trajectories)))

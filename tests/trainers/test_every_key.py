@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from areal_agents.errors import ConfigError
 from areal_agents.trainers.algorithms import PRESETS, AlgoConfig
 from areal_agents.trainers.config import HeldOutConfig, TrainConfig, TrainerConfig
 from tests.trainers._tiny_learner import (
@@ -108,6 +109,27 @@ def test_behavior_imp_level_agg_and_floor() -> None:
     assert turn["behavior/masked_seqs"] == 4 and turn["grad_norm"] > 0
     floor = step(algo(**base, behavior_imp_floor=2.0), stale)
     assert floor["behavior/masked_frac"] == 1.0 and floor["grad_norm"] == 0.0
+
+
+def test_a_group_placebo_trains_only_the_groups_the_real_run_trains() -> None:
+    """Group a earned 1 and 0, b 1 and 1, c 0 and 0: the real run trains a's rows only. The
+    batch placebo may give b and c mixed rewards; the group placebo keeps them uniform
+    (advantage 0: not forwarded) and a's advantages, at random signs."""
+    rows = [row("a", 1.0, seed=5), row("a", 0.0, seed=6)]
+    rows += [row("b", 1.0, seed=7), row("b", 1.0, seed=8)]
+    rows += [row("c", 0.0, seed=9), row("c", 0.0, seed=10)]
+    assert learner().train_step(rows)["learner/rows_trained"] == 2
+    for seed in range(8):  # the placebo's draw depends on the trainer seed
+        grouped = learner(algo(shuffle_rewards=True, shuffle_scope="group"), seed=seed)
+        m = grouped.train_step(rows)
+        assert m["learner/rows_trained"] == 2 and m["filter/shuffled_rewards"] == 1.0
+    batch_draws = {
+        learner(algo(shuffle_rewards=True), seed=seed).train_step(rows)["learner/rows_trained"]
+        for seed in range(8)
+    }
+    assert max(batch_draws) > 2  # some batch draw mixes b's or c's rewards: more rows train
+    with pytest.raises(ConfigError, match="shuffle_scope"):
+        algo(shuffle_scope="task")
 
 
 def test_shuffle_rewards_is_a_placebo_of_the_same_size() -> None:
@@ -294,6 +316,7 @@ COVERED: dict[str, str] = {
     "algo.behavior_imp_agg": "test_behavior_imp_level_agg_and_floor",
     "algo.behavior_imp_floor": "test_behavior_imp_level_agg_and_floor",
     "algo.shuffle_rewards": "test_shuffle_rewards_is_a_placebo_of_the_same_size",
+    "algo.shuffle_scope": "test_a_group_placebo_trains_only_the_groups_the_real_run_trains",
     "algo.aggregation": "test_aggregation_and_norm_tokens",
     "algo.norm_tokens": "test_aggregation_and_norm_tokens",
     "algo.kl_coef": "test_kl_coef_kl_estimator_and_kl_in_reward",
