@@ -159,22 +159,6 @@ class FunctionReward(Reward):
         return f"FunctionReward({self.name})"
 
 
-def error_text(error: BaseException, limit: int = 500) -> str:
-    """``"Type: message"`` of an exception, for a result's details: never raises (a message
-    built from a huge int, a ``__str__`` that fails) and is always valid UTF-8 (surrogates
-    escaped)."""
-    try:
-        text = f"{type(error).__name__}: {error}"
-    except BaseException:
-        text = type(error).__name__
-    return safe_text(text, limit)
-
-
-def safe_text(text: str, limit: int = 500) -> str:
-    """``text`` cut to ``limit`` characters, lone surrogates escaped (``\\udc80``)."""
-    return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def call_with_timeout(fn: Callable[[], T], timeout_s: float) -> T:
     """Run ``fn()`` in a daemon thread and wait at most ``timeout_s`` for it.
 

@@ -76,8 +76,9 @@ from typing import Any
 
 from areal_agents.errors import InfrastructureError, RewardTimeout
 from areal_agents.rewards._judge import Call, JudgeSpec, Round, judge_round
+from areal_agents.rewards._safe_text import error_text, safe_text
 from areal_agents.rewards._wire import dumps
-from areal_agents.rewards.base import Reward, RewardResult, error_text, safe_text
+from areal_agents.rewards.base import Reward, RewardResult
 from areal_agents.rewards.extract import extract_code_blocks
 from areal_agents.rewards.isolation import GraderPool, GradingSession, named_pool
 from areal_agents.sandboxes import ExecResult, Sandbox, make_sandbox

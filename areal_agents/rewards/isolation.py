@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 
 from areal_agents.errors import ConfigError, InfrastructureError, RewardTimeout
 from areal_agents.rewards._grader import _resolve, warm_up
-from areal_agents.rewards.base import error_text, safe_text
+from areal_agents.rewards._safe_text import error_text, safe_text
 
 __all__ = [
     "GraderPool",

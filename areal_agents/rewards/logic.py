@@ -22,12 +22,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from areal_agents.errors import DependencyError, InfrastructureError
+from areal_agents.rewards._safe_text import error_text
 from areal_agents.rewards.base import (
     Reward,
     RewardResult,
     RewardTimeout,
     check_timeout,
-    error_text,
 )
 from areal_agents.rewards.extract import extract_answer
 from areal_agents.rewards.isolation import run_isolated, warm_up

@@ -27,6 +27,7 @@ __all__ = [
     "full_optimizer_state",
     "init_distributed",
     "load_full_state",
+    "reshard",
     "shard_model",
 ]
 
@@ -63,6 +64,17 @@ def shard_model(model: nn.Module, layers: list[nn.Module]) -> nn.Module:
         fully_shard(layer)
     fully_shard(model)
     return model
+
+
+def reshard(model: nn.Module) -> None:
+    """Free the unsharded parameters a no-grad forward left behind. FSDP2 keeps the root
+    module unsharded after its forward, for the backward that usually follows; after a
+    measurement no backward follows, and the root's parameters (the embeddings, the final
+    norm) would stay gathered, as plain tensors without their gradients, until the next
+    forward. Local: no communication. A model that is not sharded is left as it is."""
+    free = getattr(model, "reshard", None)
+    if callable(free):
+        free()
 
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -18,7 +18,7 @@ from areal_agents.errors import LearnerLost
 from areal_agents.trainers.checkpoint import read_files, write_files
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.learner import Learner, LearnerSpec
-from areal_agents.trainers.placement import Placement
+from areal_agents.trainers.placement import Placement, run_bundles, weights_mb
 from areal_agents.trainers.runtime import remote_class
 from areal_agents.types import Trajectory
 
@@ -44,11 +44,24 @@ class LearnerGroup:
     placement group (``ray.actor_cpus`` CPUs, ``ray.learner_gpus`` GPUs each).
 
     Every collective method (train, export, checkpoint) is called on all ranks together; the
-    result of rank 0 is returned.
+    result of rank 0 is returned. Without ``placement`` (a group used on its own, outside a
+    run) it reserves a placement group of its own for the ranks, given back at
+    :meth:`shutdown`.
     """
 
-    def __init__(self, cfg: TrainConfig, model_dir: Path, placement: Placement) -> None:
+    def __init__(
+        self, cfg: TrainConfig, model_dir: Path, placement: Placement | None = None
+    ) -> None:
         world = cfg.trainer.learner_ranks
+        self._own_placement: Placement | None = None
+        if placement is None:
+            bundles = run_bundles(cfg, weights_mb(model_dir, cfg.model.dtype))
+            placement = self._own_placement = Placement.reserve(
+                [b for b in bundles if b.kind == "learner"],
+                cfg.ray.placement_strategy,
+                cfg.ray.placement_timeout_s,
+                on_cluster=bool(cfg.ray.address),
+            )
         use_gpu = cfg.ray.learner_gpus > 0
         self.on_cluster = bool(cfg.ray.address)
         self.lost = False
@@ -160,3 +173,5 @@ class LearnerGroup:
                 ray.get([a.shutdown.remote() for a in self.actors], timeout=30)
         for a in self.actors:
             ray.kill(a)
+        if self._own_placement is not None:
+            self._own_placement.remove()

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from areal_agents.trainers.batching import Batch
 from areal_agents.trainers.forward import position_logits
+from areal_agents.trainers.fsdp import reshard
 
 __all__ = ["KLBrake", "PolicyProbe"]
 
@@ -136,6 +137,7 @@ class PolicyProbe:
         logits = position_logits(
             model, self._batch(), index, cols, device=device, share=self.share
         )  # [P, V]
+        reshard(model)  # no backward follows: leave the root sharded, as training expects
         scores = torch.log_softmax(logits.float() / self.temperature, dim=-1).cpu()
         return list(scores.split([len(positions) for _, positions in rows]))
 

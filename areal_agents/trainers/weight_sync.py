@@ -137,6 +137,8 @@ class WeightSync:
         """The version each server serves (0: the weights it started with)."""
         #: extra seconds granted beyond the servers' own timeout before giving up on them
         self.grace_s = 60.0
+        self.settle_s = 5.0
+        """How long a server whose call failed or hung may take to be seen dead (:meth:`_gone`)."""
         self._transfer_ready = False
         self._loader: ShmLoader | None = None  # object_store: the staged file of local servers
         self._pending: PendingPush | None = None  # the loop's push in flight (push_step)
@@ -233,7 +235,7 @@ class WeightSync:
         future = self._background.submit(
             self._load, calls(targets), targets, version, start, on_served
         )
-        pending = PendingPush(version, future, timeout + 2 * self.grace_s)
+        pending = PendingPush(version, future, timeout + 2 * (self.grace_s + self.settle_s))
         if self.lora is None and self.mode in VLLM_TRANSFER:
             pending.wait()  # the learners send it themselves: nothing to overlap
         return pending
@@ -277,7 +279,9 @@ class WeightSync:
                 "use inference.weight_sync=disk or object_store for runs that restart servers"
             )
         future = self._background.submit(self._reload, indices)
-        return future.result(timeout=self.cfg.weight_sync_timeout_s + 2 * self.grace_s)
+        return future.result(
+            timeout=self.cfg.weight_sync_timeout_s + 2 * (self.grace_s + self.settle_s)
+        )
 
     def _reload(self, indices: list[int]) -> int:
         if self._latest is None:
@@ -318,14 +322,14 @@ class WeightSync:
         try:
             futures = {pool.submit(fn, arg, version, timeout): who for who, fn, arg in calls}
             done, pending = concurrent.futures.wait(futures, timeout=timeout + self.grace_s)
-            if any(not self._gone(futures[f], settle_s=5.0) for f in pending):
+            if any(not self._gone(futures[f], settle_s=self.settle_s) for f in pending):
                 raise WeightSyncError(
                     f"weight version {version}: {len(pending)} server(s) did not answer within "
                     f"{timeout}s (inference.weight_sync_timeout_s)"
                 )
             for f in done:
                 error = f.exception()
-                if error is None or self._gone(futures[f], settle_s=5.0):
+                if error is None or self._gone(futures[f], settle_s=self.settle_s):
                     continue
                 if isinstance(error, WeightSyncError):
                     raise error
@@ -338,7 +342,7 @@ class WeightSync:
                 if not self._gone([s]):
                     served[id(s)] = int(s.weight_version())
             except Exception:
-                if not self._gone([s], settle_s=5.0):
+                if not self._gone([s], settle_s=self.settle_s):
                     raise
         if any(v != version for v in served.values()):
             raise WeightSyncError(

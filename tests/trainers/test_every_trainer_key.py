@@ -38,11 +38,19 @@ def test_lr_warmup_and_schedules() -> None:
         before = params(lrn)
         lrn.train_step(batch())  # Adam's first step moves a parameter by about lr * factor
         assert largest_change(before, params(lrn)) == pytest.approx(first_change, rel=0.05)
-    assert learner(warmup_steps=4).train_step(batch())["lr"] == pytest.approx(1e-3 * 2 / 4)
-    assert step(lr_schedule="linear", total_steps=4)["lr"] == pytest.approx(1e-3 * 0.75)
-    cosine = step(lr_schedule="cosine", total_steps=4)["lr"]
+    # "lr" is what the step's updates used: the warm-up's first two steps, then a schedule's
+    # second step (its first is always the configured lr)
+    assert lrs(2, warmup_steps=4) == pytest.approx([1e-3 / 4, 1e-3 * 2 / 4])
+    assert lrs(2, lr_schedule="linear", total_steps=4)[1] == pytest.approx(1e-3 * 0.75)
+    cosine = lrs(2, lr_schedule="cosine", total_steps=4)[1]
     assert cosine == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 4)))
-    assert step()["lr"] == 1e-3  # constant
+    assert lrs(2) == [1e-3, 1e-3]  # constant
+
+
+def lrs(steps: int, **trainer: Any) -> list[float]:
+    """The "lr" metric of ``steps`` train steps of a fresh learner."""
+    lrn = learner(**trainer)
+    return [lrn.train_step(batch(offset=-0.1 * i))["lr"] for i in range(steps)]
 
 
 def test_probe_tokens_measure_the_update_and_target_kl_brakes_the_lr() -> None:
@@ -86,7 +94,7 @@ def test_weight_decay_and_betas() -> None:
 
 
 def test_max_grad_norm_clips_the_update() -> None:
-    clipped = learner(max_grad_norm=1e-6)
+    clipped = learner(max_grad_norm=1e-6)  # the probe's forward after it leaves them too
     metrics = clipped.train_step(batch())
     assert metrics["grad_norm"] > 1e-5  # reported before clipping...
     assert grad_norm_left(clipped) == pytest.approx(1e-6, rel=1e-2)  # ...applied after it
@@ -97,7 +105,8 @@ def test_max_grad_norm_clips_the_update() -> None:
 
 def test_micro_batch_tokens_split_the_work_not_the_update() -> None:
     calls = []
-    small, large = learner(micro_batch_tokens=16), learner()
+    # probe_tokens=0: only the update's forward passes are counted (the probe's are its own)
+    small, large = learner(micro_batch_tokens=16, probe_tokens=0), learner(probe_tokens=0)
     small.model.register_forward_hook(lambda *a: calls.append(1))
     m_small, m_large = small.train_step(batch()), large.train_step(batch())
     assert len(calls) == 4  # 14-token rows: one row per 16-token micro-batch

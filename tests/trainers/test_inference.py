@@ -51,7 +51,7 @@ def test_a_started_server_runs_with_the_configured_torch_threads(
     # host with two cores or more
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     cfg = InferenceConfig(torch_threads=1, startup_timeout_s=300)
-    servers = start_servers(cfg, tiny_model_path(), "policy", on_cluster=False)
+    servers = start_servers(cfg, tiny_model_path(), "policy")  # local: no placement
     try:
         assert server_torch_threads(servers) == [1]
     finally:

@@ -77,6 +77,7 @@ def test_vllm_on_a_server_host_serves_what_the_object_store_push_sent(
     from safetensors.torch import load_file, save_file
 
     from areal_agents.trainers.inference import start_servers, stop_servers
+    from areal_agents.trainers.placement import Bundle, Placement
     from areal_agents.trainers.weight_sync import WeightSync
 
     base = load_file(str(model_dir / "model.safetensors"))
@@ -90,7 +91,11 @@ def test_vllm_on_a_server_host_serves_what_the_object_store_push_sent(
     save_file(noisy, str(noisy_dir / "model.safetensors"))
     cfg = InferenceConfig(engine="vllm", startup_timeout_s=900)
     staged_before = set(glob.glob(f"{shm_root()}/areal-weights-*"))
-    servers = start_servers(cfg, model_dir, "policy", on_cluster=True)
+    # a bundle of the server alone: the server is hosted by an actor in it, as on a cluster
+    placement = Placement.reserve(
+        [Bundle("server", 0, memory_mb=1024)], "PACK", 60, on_cluster=True
+    )
+    servers = start_servers(cfg, model_dir, "policy", placement=placement)
     try:
         (server,) = servers
         assert hasattr(server, "update_weights_from_ref")  # hosted by an actor, as on a cluster
@@ -114,4 +119,5 @@ def test_vllm_on_a_server_host_serves_what_the_object_store_push_sent(
         assert len(staged) == 1  # the host's one staged file, reused at every push
     finally:
         stop_servers(servers)
+        placement.remove()
     assert set(glob.glob(f"{shm_root()}/areal-weights-*")) == staged_before  # removed at stop
