@@ -3,6 +3,7 @@ errors that name the key, and run directories where users expect them."""
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
 import subprocess
@@ -220,10 +221,9 @@ PUBLIC_HYDRA = {
 
 
 def hydra_uses(path: Path) -> list[str]:
-    """What ``path`` takes from Hydra: ``module`` or ``module:name``, and ``hydra.<attr>``
-    attribute chains (``hydra._internal.utils``) read off an imported ``hydra``."""
-    import ast
-
+    """What ``path`` takes from Hydra: ``module`` or ``module:name``, ``hydra.<attr>``
+    attribute chains (``hydra._internal.utils``) read off an imported ``hydra``, and modules
+    imported by name (``importlib.import_module("hydra._internal.utils")``)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -232,7 +232,29 @@ def hydra_uses(path: Path) -> list[str]:
             found += [f"{node.module}:{a.name}" for a in node.names]
         elif isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "hydra":
             found.append(f"hydra:{node.attr}")
+        elif isinstance(node, ast.Call) and (named := _imported_by_name(node)):
+            found.append(named)
     return found
+
+
+def _imported_by_name(call: ast.Call) -> str | None:
+    """``X`` of ``importlib.import_module("X")`` or ``__import__("X")`` when X is Hydra's."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    first = call.args[0] if call.args else None
+    if name not in ("import_module", "__import__") or not isinstance(first, ast.Constant):
+        return None
+    value = first.value
+    return value if isinstance(value, str) and value.split(".")[0] == "hydra" else None
+
+
+def python_files() -> list[Path]:
+    """The repository's own Python files: the package, tests, benchmarks, examples, scripts."""
+    return [
+        path
+        for top in ("areal_agents", "tests", "benchmarks", "examples", "scripts")
+        for path in sorted((ROOT / top).rglob("*.py"))
+    ]
 
 
 def private(use: str) -> bool:
@@ -242,18 +264,25 @@ def private(use: str) -> bool:
     return (module not in PUBLIC_HYDRA and not is_module) or (name.startswith("_") and not dunder)
 
 
-def test_areal_agents_uses_only_hydras_public_api() -> None:
+def test_areal_agents_uses_only_hydras_public_api(tmp_path: Path) -> None:
+    """Nor do its tests, benchmarks, examples and scripts, whichever way they import."""
     uses = {
-        f"{path.relative_to(ROOT)}: {use}"
-        for path in (ROOT / "areal_agents").rglob("*.py")
-        for use in hydra_uses(path)
+        f"{path.relative_to(ROOT)}: {use}" for path in python_files() for use in hydra_uses(path)
     }
     assert any("cli.py: hydra:main" in u for u in uses)  # the jobs run through @hydra.main
+    assert Path(__file__).resolve() in python_files()  # the whole repository is read
     assert [u for u in sorted(uses) if private(u.split(": ", 1)[1])] == []
-    # the checker itself sees what the command line used to call
+    # the checker itself sees what the command line used to call, and imports by name
     assert private("hydra._internal.utils:_run_hydra") and private("hydra:_internal")
     assert private("hydra._internal.core_plugins.basic_sweeper:BasicSweeper")
     assert not private("hydra.core.config_store:ConfigStore") and not private("hydra:compose")
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text(
+        "import importlib\n"
+        "importlib.import_module('hydra._internal.utils')\n"
+        "__import__('hydra._internal.hydra')\n"
+    )
+    assert [private(u) for u in hydra_uses(sneaky)] == [True, True]
 
 
 def test_hydras_flags_behave_as_in_any_hydra_app(

@@ -46,6 +46,19 @@ def test_importing_the_package_loads_the_contracts_and_the_registry_only() -> No
     assert "gymnasium" in others
 
 
+def test_importing_the_package_takes_well_under_a_second() -> None:
+    """The budget is 1 s on a 2-core machine; the import takes about 0.15 s of CPU (0.2-0.3 s
+    of wall clock). Measured in CPU time, which a busy machine does not inflate; torch alone
+    takes about 1 s of CPU to import, transformers more."""
+    out = python(
+        "import time\n"
+        "start = time.process_time()\n"
+        "import areal_agents\n"
+        "print(time.process_time() - start)"
+    )
+    assert float(out) < 1.0, f"import areal_agents took {float(out):.2f} s of CPU"
+
+
 def test_import_areal_agents_registers_the_builtin_ids() -> None:
     out = python(
         "import gymnasium as gym, areal_agents\n"

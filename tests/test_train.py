@@ -214,6 +214,17 @@ def test_a_test_sized_run_of_the_main_command(tmp_path: Path) -> None:
     assert held["before"]["sampling"] == held["after"]["sampling"]
     before, after = (f"{100 * held[w]['success']:.1f}%" for w in ("before", "after"))
     assert f"held-out success (4 tasks never trained on, greedy): {before} -> {after}" in screen
+    # report.html shows the same figures, with an interval each, tool calls and turns
+    from tests.trainers.test_report import embedded
+
+    shown = embedded((tmp_path / "report.html").read_text())["held_out"]
+    assert shown["tasks"] == 4 and [r["when"] for r in shown["rows"]] == ["before", "after"]
+    for row in shown["rows"]:
+        eval_summary = json.loads((tmp_path / "eval" / row["when"] / "summary.json").read_text())
+        assert row["success"] == held[row["when"]]["success"] and row["episodes"] == 4
+        assert row["ci"][0] <= row["success"] <= row["ci"][1], row
+        assert row["turns_per_episode"] == eval_summary["turns_per_episode"] is not None
+        assert row["tool_calls_per_episode"] == eval_summary["tool_calls_per_episode"] is not None
     assert f"run directory:     {tmp_path}" in screen and str(tmp_path / "summary.png") in screen
     assert "first trained step after" in screen
 
