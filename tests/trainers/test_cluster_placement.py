@@ -140,6 +140,32 @@ def test_placement_strategy_must_be_one_of_rays() -> None:
         cfg_of("ray.placement_strategy=RANDOM")
 
 
+class LaidOut(Placement):
+    """A placement whose bundles Ray has put on the given nodes (``nodes()`` reads them from
+    the placement group's table; here they are given)."""
+
+    def __init__(self, where: dict[tuple[str, int], str]) -> None:
+        super().__init__(None, [Bundle(kind, index) for kind, index in where])
+        self.where = where
+
+    def nodes(self) -> dict[tuple[str, int], str]:
+        return self.where
+
+
+def test_a_rollout_worker_talks_to_the_servers_on_its_node_else_to_all() -> None:
+    laid = LaidOut({
+        ("server", 0): "A", ("server", 1): "B", ("server", 2): "A",
+        ("rollout_worker", 0): "A", ("rollout_worker", 1): "B",
+        ("rollout_worker", 2): "C",  # a node without a server
+        ("rollout_worker", 3): "",  # not placed (its node just died)
+    })  # fmt: skip
+    assert laid.servers_near(0, 3) == [0, 2] and laid.servers_near(1, 3) == [1]
+    assert laid.servers_near(2, 3) == laid.servers_near(3, 3) == [0, 1, 2]
+    # after a node's death Ray moves its bundles: the worker follows its new node's servers
+    laid.where[("rollout_worker", 1)] = "A"
+    assert laid.servers_near(1, 3) == [0, 2]
+
+
 # ---- with a real local Ray instance ------------------------------------------------------
 
 
