@@ -6,6 +6,8 @@ held, and a collective call that fails fast when a rank dies)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,7 @@ from areal_agents.trainers.placement import (
 )
 
 GB = 2**30
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cfg_of(*overrides: str) -> TrainConfig:
@@ -119,6 +122,27 @@ def test_a_local_run_that_cannot_fit_its_own_instance_is_refused_at_once() -> No
     # one node cannot spread three bundles strictly
     with pytest.raises(CapacityError, match="STRICT_SPREAD"):
         check_local_capacity(run_bundles(cfg_of(), 25), here, "STRICT_SPREAD")
+
+
+def test_the_command_refuses_a_run_its_own_instance_cannot_hold_before_ray_starts(
+    tmp_path: Path,
+) -> None:
+    """The issue's 3 one-CPU actors, on a local instance of 1 CPU: exit 2 within seconds, with
+    the capacity error, before the run directory is set up or Ray starts."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    args = ["env=calculator", "model=tiny", "ray.num_cpus=1", "ray.actor_cpus=1"]
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "areal_agents.train", *args, f"output_dir={tmp_path / 'run'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert time.monotonic() - start < 120  # Python's imports and the model's headers only
+    assert "run directory:" not in done.stdout and "Traceback" not in done.stderr
+    message = done.stderr
+    assert "does not fit the Ray instance (ray.placement_strategy=PACK)" in message
+    assert "in all: CPU 3" in message and "(this machine): CPU 1 of 1" in message
+    assert "ray.actor_cpus" in message and "ray.num_cpus" in message
 
 
 def test_the_object_store_is_sized_from_the_model_or_a_small_one_is_refused() -> None:
