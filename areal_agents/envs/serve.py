@@ -45,9 +45,10 @@ nothing that runs here:
   (``--max-request-mb``); a request head or body that trickles is cut off after
   ``--request-timeout-s``; idle keep-alive connections close after ``--keep-alive-s``
   (:mod:`areal_agents.envs.server_guard`). Sessions are bounded (``--max-sessions``): when they
-  are all open, the longest-idle one unused for ``--evict-idle-s`` is closed to make room, so
-  that idle sessions cannot lock other clients out. A WebSocket has at most
-  :data:`WS_MAX_PENDING` requests running; it reads its next message when one finishes.
+  are all open, the longest-idle one not in a call is closed to make room, so that idle sessions
+  cannot lock other clients out (``--evict-idle-s`` spares those used more recently). A
+  WebSocket has at most :data:`WS_MAX_PENDING` requests running; it reads its next message when
+  one finishes.
 * **Errors are answers.** Malformed, deeply nested or oversized JSON, huge integers and unknown
   fields are 4xx answers; a request id reused for a different request is ``409``; a reply holding
   any text (lone surrogates too) is sent escaped (:func:`~areal_agents.envs.wire.dumps`).
@@ -310,8 +311,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--evict-idle-s",
         type=float,
-        default=30.0,
-        help="when every session is open, close the longest-idle one unused this long (30)",
+        default=0.0,
+        help="when every session is open, close the longest-idle one unused this long "
+        "(0: any not in a call; more lets clients that hold every session lock others out)",
     )
     parser.add_argument(
         "--api-key",

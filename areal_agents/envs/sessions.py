@@ -19,8 +19,11 @@ back what they return (or the :class:`RequestError` they raise).
 * A request id names one request: the same id with another body is refused (``409``), so a
   client that reuses a fixed id cannot get another client's session or result.
 * ``max_sessions`` bounds open sessions. When all are open, opening one closes the session idle
-  longest, if it has been unused for ``evict_idle_s`` (idle clients cannot lock others out);
-  otherwise ``503 TooManySessions``. Sessions idle for ``idle_timeout_s`` are closed by
+  longest (one not in a call), so that sessions held idle cannot lock other clients out; only
+  when every session is in a call is the answer ``503 TooManySessions``. ``evict_idle_s > 0``
+  spares sessions used more recently than that (an over-subscribed trainer then waits for a
+  slot instead of losing episodes, but a client holding every slot locks others out for that
+  long). Sessions idle for ``idle_timeout_s`` are closed by
   :meth:`SessionManager.reap_idle`; after
   :meth:`SessionManager.start_draining` new work gets ``503 ServerDraining`` while the calls under
   way finish (:attr:`SessionManager.in_flight`).
@@ -108,7 +111,7 @@ class SessionManager:
         max_sessions: sessions open at once.
         idle_timeout_s: a session unused for this long is closed.
         evict_idle_s: when ``max_sessions`` are open, the longest-idle session unused for at
-            least this long is closed to make room for a new one.
+            least this long is closed to make room for a new one (0: any not in a call).
         trust_client_tasks: accept client tasks that carry code (:data:`CODE_TASK_KEYS`): any
             client can then run code on this host as the server's user.
         code_task_keys: the task keys that count as code (add those a custom grader executes).
@@ -123,7 +126,7 @@ class SessionManager:
         client_kwargs: Iterable[str] = DEFAULT_CLIENT_KWARGS,
         max_sessions: int = 256,
         idle_timeout_s: float = 600.0,
-        evict_idle_s: float = 30.0,
+        evict_idle_s: float = 0.0,
         trust_client_tasks: bool = False,
         code_task_keys: Iterable[str] = CODE_TASK_KEYS,
         threads: int | None = None,
@@ -246,12 +249,16 @@ class SessionManager:
         kwargs = self._kwargs(body)
         while len(self._sessions) >= self.max_sessions:  # (again after an eviction's await)
             if not await self._evict_one():
+                busy = (
+                    f"none has been idle {self.evict_idle_s:g} s (--evict-idle-s)"
+                    if self.evict_idle_s
+                    else "each is in a call"
+                )
                 raise RequestError(
                     503,
                     "TooManySessions",
                     f"{len(self._sessions)} sessions are open, the limit (--max-sessions) is "
-                    f"{self.max_sessions}, and none has been idle {self.evict_idle_s:g} s "
-                    "(--evict-idle-s); close sessions or retry later",
+                    f"{self.max_sessions}, and {busy}; close sessions or retry later",
                 )
         session = _Session(secrets.token_urlsafe(16), env=None)  # type: ignore[arg-type]
         self._sessions[session.id] = session  # counts against the limit while it is made

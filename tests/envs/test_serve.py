@@ -81,7 +81,8 @@ class Client:
 
 @pytest.fixture
 def calc() -> Iterator[EnvServer]:
-    with EnvServer("calculator", max_sessions=4) as server:
+    # a full server refuses (503) rather than close a session used in the last 30 s
+    with EnvServer("calculator", max_sessions=4, evict_idle_s=30) as server:
         yield server
 
 
@@ -195,7 +196,7 @@ def test_steps_run_off_the_event_loop_and_a_retried_request_is_applied_once() ->
 
 
 def test_session_limit_and_idle_timeout() -> None:
-    with EnvServer("calculator", max_sessions=2, idle_timeout_s=0.4) as server:
+    with EnvServer("calculator", max_sessions=2, idle_timeout_s=0.4, evict_idle_s=30) as server:
         client = Client(server.url)
         first = client.post("reset", {"seed": 0})[1]["session_id"]
         client.post("reset", {"seed": 1})

@@ -329,6 +329,21 @@ def test_idle_sessions_make_room_oldest_first() -> None:
         assert server.manager.health()["sessions_evicted"] == 1
 
 
+def test_a_client_holding_every_session_locks_nobody_out() -> None:
+    """e1's sessions_300_held: with the defaults, a client that had just opened every session
+    (none idle for long) made the next client's reset a 503 until they had idled 30 s."""
+    with EnvServer("calculator", max_sessions=8) as server:
+        held = [post(server.url, "reset", {})[1]["session_id"] for _ in range(12)]
+        status, mine = post(server.url, "reset", {"seed": 1})
+        assert status == 200, mine
+        step = {"session_id": mine["session_id"], "action": "<answer>1</answer>"}
+        assert post(server.url, "step", step)[0] == 200
+        status, gone = post(server.url, "step", {"session_id": held[4], "action": "x"})
+        assert status == 404 and "to make room" in gone["error"]["message"]  # oldest first
+        assert post(server.url, "render", {"session_id": held[-1]})[0] == 200
+        assert server.manager.health()["sessions_evicted"] == 5
+
+
 def test_a_busy_session_is_not_evicted() -> None:
     Hostile.gate.clear()
     with EnvServer("test_serve_hostile/Hostile-v0", max_sessions=1, evict_idle_s=0.0) as server:
