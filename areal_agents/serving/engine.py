@@ -168,9 +168,11 @@ class Engine:
                 f"request has {len(request.prompt_ids)} prompt tokens and max_tokens="
                 f"{request.max_tokens}"
             )
-        bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ConfigError(f"token id {bad[0]} is out of range [0, {self.vocab_size})")
+        stops = request.stop_token_ids
+        for what, ids in (("token id", request.prompt_ids), ("stop_token_ids: token id", stops)):
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ConfigError(f"{what} {bad[0]} is out of range [0, {self.vocab_size})")
         seed = request.seed if request.seed is not None else next(self._seeds)
         generator = torch.Generator(device="cpu").manual_seed(int(seed))
         row = Row(request=request, future=Future(), generator=generator)

@@ -250,6 +250,18 @@ MALFORMED: dict[str, tuple[str, bytes]] = {
         b'{"model":"tiny","prompt":"hi","seed":%s}' % (b"9" * 5000),
     ),
     "seed_2_70": ("completions", b'{"model":"tiny","prompt":"hi","seed":%d}' % 2**70),
+    "stop_token_ids_2_70": (
+        "completions",
+        b'{"model":"tiny","prompt":"hi","max_tokens":2,"stop_token_ids":[%d]}' % 2**70,
+    ),
+    "stop_token_id_negative": (
+        "chat/completions",
+        json.dumps(chat(stop_token_ids=[-1])).encode(),
+    ),
+    "stop_token_id_past_the_vocabulary": (
+        "completions",
+        b'{"model":"tiny","prompt":"hi","max_tokens":2,"stop_token_ids":[1000000000]}',
+    ),
     "content_parts_garbage": (
         "chat/completions",
         _chat_raw({"role": "user", "content": [1, None, {"text": 5}]}),
