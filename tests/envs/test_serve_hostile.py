@@ -377,6 +377,51 @@ def test_a_reused_request_id_cannot_fetch_another_request(calc: EnvServer) -> No
     assert post(calc.url, "step", step)[1] == first
 
 
+def _running(marker: str) -> list[str]:
+    """The pids of processes whose command line holds ``marker``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes():
+                pids.append(proc.name)
+    return pids
+
+
+def test_clients_that_leave_mid_step_leave_a_usable_session_and_no_process() -> None:
+    """e1's sandbox phase: clients give up on steps whose tool calls sleep; a session answers
+    its next step once the first ends, a close waits for the step under way, and no tool call
+    outlives the tool's time limit (2 s here: the others would sleep 50 s)."""
+    marker = f"left-behind-{time.monotonic_ns()}"
+    kwargs = {"sandbox_backend": "process", "tool_timeout_s": 2}
+
+    def sleep(seconds: int) -> str:
+        code = f"import time  # {marker}\ntime.sleep({seconds})"
+        return (
+            f"<tool_call>{json.dumps({'name': 'python', 'arguments': {'code': code}})}</tool_call>"
+        )
+
+    with EnvServer("code_sandbox", env_kwargs=kwargs) as server:
+        task = {"options": {"task_id": "gen/add/7"}}
+        sids = [post(server.url, "reset", task)[1]["session_id"] for _ in range(4)]
+        for i, sid in enumerate(sids):
+            conn = http.client.HTTPConnection(*_address(server.url), timeout=0.3)
+            with contextlib.suppress(TimeoutError):
+                body = {"session_id": sid, "action": sleep(1 if i == 0 else 50)}
+                conn.request("POST", "/step", body=json.dumps(body))
+                conn.getresponse()
+            conn.close()
+        assert _running(marker), "the tool calls never started"
+        code = "```python\ndef add(a, b):\n    return a + b\n```"
+        status, stepped = post(server.url, "step", {"session_id": sids[0], "action": code})
+        assert status == 200 and stepped["reward"] == 1.0, stepped
+        for sid in sids:
+            assert post(server.url, "close", {"session_id": sid})[0] == 200
+        deadline = time.monotonic() + 5
+        while _running(marker):
+            assert time.monotonic() < deadline, f"still running: {_running(marker)}"
+            time.sleep(0.1)
+
+
 # ---- malformed requests (e1 basic low items; new: numbers, text) -------------------------------
 
 
