@@ -36,6 +36,8 @@ FILES = {
     "interp_loop.yaml": "output_dir: ${output_dir}\n",
     "dupkeys.yaml": "trainer:\n  seed: 1\n  seed: 2\n",
     "big.yaml": "# padding\n" * 200_000,
+    "pyname.yaml": "env: !!python/name:os.system\n",
+    "merge_key.yaml": "base: &b {seed: 3}\n<<: *b\n",
 }
 #: (the arguments, what the error must say)
 ATTACKS = [
@@ -157,3 +159,66 @@ def test_a_sweep_within_the_limit_and_plain_interpolations_still_work(
     (cwd / "ok.yaml").write_text("num_episodes: 4\nsamples_per_task: 2\noutput_dir: r/${seed}\n")
     main(["--check", "config=ok.yaml", "env=calculator", "seed=7"])
     assert "results would go to r/7" in capsys.readouterr().out
+
+
+#: c1's other attacks: (the arguments after ``--check model=tiny``, what the error must say)
+MORE_TRAIN_ATTACKS = [
+    (["env=calculator", "config=pyname.yaml"], "not valid YAML"),
+    (["env=calculator", "config=merge_key.yaml"], "unknown config key"),
+    (["env=calculator", "config=."], "config=.: not a regular file"),
+    (["env=calculator", "output_dir=/dev/null"], "cannot write there"),
+    (["env=calculator", "output_dir=/proc/self/fd"], "cannot write there"),
+    (["env=calculator", "trainer.seed=" + "9" * 5000], "4300 digits"),
+    (
+        ["env=calculator", "trainer.seed=!!python/object/apply:os.system ['touch PWNED']"],
+        "key=value",
+    ),
+    (["env=calculator", "env.kwargs={bogus: 1}"], "unknown option 'bogus'"),
+    (["env=code_sandbox", "env.kwargs={sandbox_backend: none}"], "sandbox_backend='none'"),
+    (["env=code_sandbox", "env.kwargs={sandbox_options: {memory_mb: -1}}"], "memory_mb=-1"),
+    (["env=code_sandbox", "env.kwargs={path: shadow, source: jsonl}"], "shadow:1: not valid JSON"),
+    (["env=math_python", "env.kwargs={verify_timeout_s: .nan}"], "verify_timeout_s"),
+    (["env=remote:file:///etc/passwd"], "is not a remote environment"),
+    (["env=os:system"], "doesn't exist"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"), MORE_TRAIN_ATTACKS, ids=[" ".join(a)[:50] for a, _ in MORE_TRAIN_ATTACKS]
+)
+def test_train_check_refuses_the_other_c1_attacks(
+    cwd: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    """The rest of ``c1_cli.py``'s train attacks: files that are not configs, places that cannot
+    be written, numbers and tags that are not values, and options an environment refuses."""
+    from areal_agents.train import main
+
+    before = sorted(p.name for p in cwd.iterdir())
+    with deadline(60), pytest.raises(SystemExit) as e:
+        main(["--check", "model=tiny", *args])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2, out[-2000:]
+    assert err.startswith("error: ") and says in err, err
+    assert "Traceback" not in err and SECRET not in out + err
+    assert sorted(p.name for p in cwd.iterdir()) == before and not Path("PWNED").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["seed=1e999"], "seed: expected an integer"),
+        (["env_kwargs={max_turns: -3}"], "max_turns=-3"),
+        (["num_episodes=-1"], "num_episodes=-1"),
+        (["concurrency=0"], "concurrency=0"),
+        (["config=pyname.yaml"], "not valid YAML"),
+        (["output_dir=/dev/null"], "cannot write there"),
+    ],
+    ids=["seed inf", "max_turns", "num_episodes", "concurrency", "python tag", "/dev/null"],
+)
+def test_eval_check_refuses_the_other_c1_attacks(cwd: Path, args: list[str], says: str) -> None:
+    from areal_agents.eval import main
+
+    with deadline(60), pytest.raises(ConfigError) as e:
+        main(["--check", "env=calculator", *args])
+    assert says in str(e.value) and SECRET not in str(e.value)
+    assert sorted(p.name for p in cwd.iterdir()) == sorted([*FILES, "zero.yaml"])
