@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["InferenceServer"]
+__all__ = ["LOGPROBS_MODES", "TRAINING_LOGPROBS_MODE", "InferenceServer"]
+
+#: What an engine's reported log-probs are (vLLM's ``--logprobs-mode`` names, which the built-in
+#: server takes too): the raw model's (the default of both), or those of the distribution each
+#: token was drawn from, temperature and top-p applied.
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+#: The mode of the servers a training run starts: behaviour log-probs must be the sampling
+#: distribution's, or a temperature other than 1 skews every importance weight.
+TRAINING_LOGPROBS_MODE = "processed_logprobs"
 
 
 @runtime_checkable

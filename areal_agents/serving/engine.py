@@ -45,6 +45,7 @@ import torch
 
 from areal_agents.errors import ConfigError, WeightSyncError
 from areal_agents.serving.adapters import AdapterMerger
+from areal_agents.serving.base import LOGPROBS_MODES
 from areal_agents.serving.batch import (
     Batch,
     GenerationRequest,
@@ -67,7 +68,13 @@ from areal_agents.serving.prefix_cache import (
     PrefixMatch,
     shared_prefix,
 )
-from areal_agents.serving.sampling import check_done, pick, top_logprobs
+from areal_agents.serving.sampling import (
+    check_done,
+    draw,
+    pick,
+    sampling_logprobs,
+    top_logprobs,
+)
 from areal_agents.serving.staging import copy_into, mapped_tensors
 
 __all__ = ["Engine", "GenerationRequest", "GenerationResult"]
@@ -91,8 +98,17 @@ class Engine:
         max_model_len: int = 2048,
         max_batch_size: int = 16,
         prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError(
+                f"logprobs_mode={logprobs_mode!r}: choose {' or '.join(LOGPROBS_MODES)}"
+            )
+        self.logprobs_mode = logprobs_mode
+        """``raw_logprobs`` (the model's, vLLM's default) or ``processed_logprobs`` (the
+        distribution each token was drawn from: temperature and top-p applied)."""
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -356,7 +372,7 @@ class Engine:
         for i, row in enumerate(rows):  # logprobs of forced tokens (mask 1 in training too)
             n = forced[i]
             if n:
-                lp = torch.log_softmax(logits[i, keep - 1 - n : keep - 1], dim=-1)
+                lp = self._logprobs(row.request, logits[i, keep - 1 - n : keep - 1])
                 picked = torch.tensor(row.request.forced_prefix, device=lp.device)
                 row.logprobs.extend(lp.gather(-1, picked[:, None])[:, 0].tolist())
                 row.top.extend(top_logprobs(lp[j], row.request.top_logprobs) for j in range(n))
@@ -467,7 +483,7 @@ class Engine:
 
     def _sample(self, rows: Sequence[Row], logits: torch.Tensor) -> torch.Tensor:
         """Sample one token per unfinished row, record it, and decide whether the row is done."""
-        logprobs = torch.log_softmax(logits, dim=-1)
+        raw = torch.log_softmax(logits, dim=-1)
         chosen = torch.full((len(rows),), self.pad_token_id, dtype=torch.long)
         for i, row in enumerate(rows):
             if row.finish is not None:
@@ -476,15 +492,32 @@ class Engine:
             if req.cancelled:  # the row leaves the batch before the next decoding step
                 row.finish = "abort"
                 continue
-            token = pick(logits[i], req.temperature, req.top_p, row.generator)
+            if self._processed(req):  # drawn from, and reported as, the same distribution
+                logprobs = sampling_logprobs(logits[i], req.temperature, req.top_p)
+                token = draw(logprobs, row.generator)
+            else:
+                token = pick(logits[i], req.temperature, req.top_p, row.generator)
+                logprobs = raw[i]
             chosen[i] = token
             row.tokens.append(token)
             self._notify(row, token)
-            row.logprobs.append(float(logprobs[i, token]))
+            row.logprobs.append(float(logprobs[token]))
             if req.top_logprobs:
-                row.top.append(top_logprobs(logprobs[i], req.top_logprobs))
+                row.top.append(top_logprobs(logprobs, req.top_logprobs))
             check_done(row, token, self.eos_token_ids, self.tokenizer)
         return chosen.to(logits.device)
+
+    def _processed(self, req: GenerationRequest) -> bool:
+        """Whether ``req``'s log-probs are its sampling distribution's (greedy: the raw ones)."""
+        return self.logprobs_mode == "processed_logprobs" and req.temperature > 0.0
+
+    def _logprobs(self, req: GenerationRequest, logits: torch.Tensor) -> torch.Tensor:
+        """The log-probs ``req`` reports for ``logits`` (``[..., vocab]``), by the mode."""
+        if not self._processed(req):
+            return torch.log_softmax(logits, dim=-1)
+        rows = logits.reshape(-1, logits.shape[-1])
+        out = [sampling_logprobs(r, req.temperature, req.top_p) for r in rows]
+        return torch.stack(out).reshape(logits.shape).to(logits.device, logits.dtype)
 
     @staticmethod
     def _notify(row: Row, token: int) -> None:

@@ -37,6 +37,7 @@ from areal_agents.serving.api_errors import (
     DEFAULT_MAX_REQUEST_SEQUENCES,
 )
 from areal_agents.serving.auth import server_api_key
+from areal_agents.serving.base import LOGPROBS_MODES
 from areal_agents.serving.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 
 if TYPE_CHECKING:
@@ -155,6 +156,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=DEFAULT_MAX_REQUEST_SEQUENCES,
         help="most sequences (prompts x n) one request may ask for (256)",
     )
+    parser.add_argument(
+        "--logprobs-mode",
+        choices=LOGPROBS_MODES,
+        default="raw_logprobs",
+        help="the log-probs reported: the raw model's (vLLM's default), or processed_logprobs, "
+        "those of the distribution each token was drawn from (temperature and top-p applied: "
+        "what RL needs as behaviour log-probs; the same flag as vLLM's)",
+    )
     parser.add_argument("--log-level", default="warning")
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="shut down when this process is gone"
@@ -188,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_model_len=args.max_model_len,
         max_batch_size=args.max_batch_size,
         prefix_cache_mb=args.prefix_cache_mb,
+        logprobs_mode=args.logprobs_mode,
     )
     app = create_app(
         engine,

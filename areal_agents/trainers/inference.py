@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_agents.errors import WeightSyncError
-from areal_agents.serving.base import InferenceServer
+from areal_agents.serving.base import TRAINING_LOGPROBS_MODE, InferenceServer
 from areal_agents.serving.engines import get_engine
 from areal_agents.trainers.config import InferenceConfig
 from areal_agents.trainers.object_store import ShmLoader
@@ -51,6 +51,10 @@ def _create(
 ) -> Any:
     """A server handle, not started yet."""
     extra_args = list(cfg.extra_args)
+    if not any(a.split("=")[0] == "--logprobs-mode" for a in extra_args):
+        # behaviour log-probs are the sampling distribution's (at inference.temperature), as
+        # the learner computes its own: raw ones would skew every importance weight at T != 1
+        extra_args += ["--logprobs-mode", TRAINING_LOGPROBS_MODE]
     if cfg.weight_sync in VLLM_TRANSFER:  # vLLM's own weight transfer, set up at launch
         extra_args += ["--weight-transfer-config", json.dumps({"backend": cfg.weight_sync})]
     kwargs: dict[str, Any] = {

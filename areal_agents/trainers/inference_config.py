@@ -28,7 +28,10 @@ class InferenceConfig:
     max_tokens: int = 64
     """New tokens per assistant turn."""
     temperature: float = 1.0
-    """Sampling temperature (1.0 keeps behaviour logprobs those of the trained policy)."""
+    """Sampling temperature of the rollouts. The learner computes its log-probs at the same
+    temperature, and the servers a run starts report the behaviour log-probs of the tempered
+    distribution (``--logprobs-mode processed_logprobs``), so importance weights compare like
+    with like at any temperature."""
     top_p: float = 1.0
     """Nucleus sampling (1.0: off, as on-policy RL expects)."""
     request_timeout_s: float = 600.0

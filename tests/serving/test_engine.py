@@ -98,3 +98,37 @@ def test_pause_aborts_running_rows_and_holds_new_ones(engine: Engine) -> None:
     finally:
         engine.resume()
     assert len(queued.result(timeout=60).token_ids) == 3
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_processed_logprobs_are_the_sampling_distributions(model_dir: Path, top_p: float) -> None:
+    """With ``logprobs_mode=processed_logprobs`` a token sampled at temperature 0.6 reports its
+    log-prob under the tempered (and top-p cut) distribution it was drawn from, as the learner
+    computes it (``log_softmax(logits / T)``); the raw mode reports ``log_softmax(logits)``.
+    Forced tokens (a continued generation) are reported the same way."""
+    from areal_agents.serving.sampling import sampling_logprobs
+
+    torch.set_num_threads(1)
+    processed = Engine(model_dir, max_batch_size=2, logprobs_mode="processed_logprobs")
+    try:
+        req = _request(processed, "Write a poem about the sea.", 12, ignore_eos=True)
+        req.temperature, req.top_p, req.seed = 0.6, top_p, 7
+        out = processed.submit(req).result()
+        forced = _request(processed, "Write a poem about the sea.", 4, ignore_eos=True)
+        forced.temperature, forced.top_p, forced.seed = 0.6, top_p, 7
+        forced.forced_prefix = tuple(out.token_ids[:5])
+        again = processed.submit(forced).result()
+        ids = torch.tensor([req.prompt_ids + out.token_ids])
+        with torch.no_grad():
+            logits = processed.model(input_ids=ids).logits[0].double()
+    finally:
+        processed.close()
+    n = len(req.prompt_ids)
+    steps = range(n - 1, n - 1 + len(out.token_ids))
+    want = [float(sampling_logprobs(logits[t], 0.6, top_p)[ids[0, t + 1]]) for t in steps]
+    raw = [float(torch.log_softmax(logits[t], -1)[ids[0, t + 1]]) for t in steps]
+    assert max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(out.logprobs, raw, strict=True)) > 0.05  # not raw
+    assert max(abs(a - b) for a, b in zip(again.logprobs[:5], want[:5], strict=True)) < 1e-4
+    with pytest.raises(Exception, match="logprobs_mode"):
+        Engine(model_dir, logprobs_mode="tempered")

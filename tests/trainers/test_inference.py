@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from areal_agents.errors import ConfigError
@@ -57,3 +59,19 @@ def test_a_started_server_runs_with_the_configured_torch_threads(
     finally:
         stop_servers(servers)
     assert server_torch_threads(servers) == [None]  # stopped: nothing answers
+
+
+@pytest.mark.parametrize("engine", ["builtin", "vllm"])
+def test_the_servers_a_run_starts_report_the_sampling_distributions_logprobs(engine: str) -> None:
+    """Behaviour log-probs must be those of the distribution the token was drawn from (the
+    learner computes its own at ``inference.temperature``): every server a run starts gets
+    ``--logprobs-mode processed_logprobs``, unless its ``extra_args`` choose a mode."""
+    from areal_agents.trainers.inference import _create
+
+    def flags(extra: tuple[str, ...] = ()) -> list[str]:
+        cfg = InferenceConfig(engine=engine, extra_args=extra, torch_threads=None)
+        args = list(_create(cfg, "model-dir", "policy", "127.0.0.1", None).extra_args)
+        return [v for k, v in itertools.pairwise(args) if k == "--logprobs-mode"]
+
+    assert flags() == ["processed_logprobs"]
+    assert flags(("--logprobs-mode", "raw_logprobs")) == ["raw_logprobs"]  # the user's choice
