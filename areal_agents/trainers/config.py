@@ -187,12 +187,22 @@ class TrainerConfig:
     can still be trained within ``max_staleness``); ``admission``: strictly the oldest admitted
     ones, waiting for all of them — batches do not depend on episode timing (reproducible,
     e.g. a resumed run trains exactly the batches of an uninterrupted one)."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """The RL optimizer. ``adamw``: every weight moves by about ``lr`` a step whatever the
+    size of its gradient (Adam normalises each one), so weights that no sampled token needs
+    move as far as those it does; ``sgd``: plain stochastic gradient descent (momentum
+    ``sgd_momentum``), each weight moved in proportion to its gradient, which in RL fine-tuning
+    of LLMs matches AdamW while changing a tiny fraction of the weights (Mukherjee et al.,
+    2026, "Do We Need Adam?"). Its ``lr`` is on another scale (about 0.1, against 1e-6 to
+    1e-5 for AdamW)."""
     lr: float = 1e-6
-    """Peak learning rate of AdamW."""
+    """Peak learning rate of the optimizer."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """Decoupled weight decay (AdamW's; SGD's is the same ``lr * weight_decay`` shrink)."""
     betas: tuple[float, ...] = (0.9, 0.999)
     """AdamW betas."""
+    sgd_momentum: float = 0.0
+    """SGD's momentum (``optimizer=sgd``; 0: plain SGD)."""
     warmup_steps: int = 0
     """Linear warm-up steps of the learning rate."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -280,6 +290,10 @@ class TrainerConfig:
                 raise ConfigError(f"trainer.{key}={value}: must be at least 1")
         if self.lr <= 0:
             raise ConfigError(f"trainer.lr={self.lr}: must be positive (e.g. trainer.lr=1e-6)")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ConfigError(f"trainer.optimizer={self.optimizer!r}: choose adamw or sgd")
+        if not 0.0 <= self.sgd_momentum < 1.0:
+            raise ConfigError(f"trainer.sgd_momentum={self.sgd_momentum}: must be in [0, 1)")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"trainer.betas={list(self.betas)}: two numbers in [0, 1)")
         if self.probe_tokens < 0:

@@ -93,6 +93,24 @@ def _lr_factor(cfg: TrainerConfig, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class _DecoupledSGD(torch.optim.SGD):
+    """SGD whose weight decay shrinks each weight by ``lr * weight_decay`` a step before the
+    gradient step (decoupled, as AdamW's), not by adding ``weight_decay * w`` to the
+    gradient."""
+
+    def __init__(self, params: Any, *, lr: float, momentum: float, weight_decay: float):
+        super().__init__(params, lr=lr, momentum=momentum, foreach=False)
+        self.decay = weight_decay
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        if self.decay:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.mul_(1.0 - group["lr"] * self.decay)
+        return super().step(closure)
+
+
 class Learner(LearnerState):
     """One rank of the FSDP2 learner."""
 
@@ -145,7 +163,7 @@ class Learner(LearnerState):
         model.to(self.device)
         mixed_precision(model, spec.model.compute_dtype, self.device.type)
         self.model = fsdp.shard_model(model, decoder_layers(model))
-        self.optimizer = self._adamw([p for p in self.model.parameters() if p.requires_grad])
+        self.optimizer = self._optimizer([p for p in self.model.parameters() if p.requires_grad])
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: _lr_factor(cfg, s) * self.brake.scale
         )
@@ -165,6 +183,16 @@ class Learner(LearnerState):
             "device": str(self.device),
             "torch_threads": torch.get_num_threads(),
         }
+
+    def _optimizer(self, params: Any) -> torch.optim.Optimizer:
+        """The policy's optimizer (``trainer.optimizer``); the critic's is always AdamW."""
+        cfg = self.spec.trainer
+        if cfg.optimizer == "sgd":
+            # decoupled weight decay, as AdamW's: the shrink lr * weight_decay a step
+            return _DecoupledSGD(
+                params, lr=cfg.lr, momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay
+            )
+        return self._adamw(params)
 
     def _adamw(self, params: Any) -> torch.optim.Optimizer:
         cfg = self.spec.trainer

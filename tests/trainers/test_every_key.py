@@ -355,6 +355,8 @@ COVERED: dict[str, str] = {
     "trainer.lr_schedule": TRAINER + "test_lr_warmup_and_schedules",
     "trainer.weight_decay": TRAINER + "test_weight_decay_and_betas",
     "trainer.betas": TRAINER + "test_weight_decay_and_betas",
+    "trainer.optimizer": TRAINER + "test_optimizer_sgd_moves_each_weight_by_its_gradient",
+    "trainer.sgd_momentum": TRAINER + "test_optimizer_sgd_moves_each_weight_by_its_gradient",
     "trainer.max_grad_norm": TRAINER + "test_max_grad_norm_clips_the_update",
     "trainer.probe_tokens": (
         TRAINER + "test_probe_tokens_measure_the_update_and_target_kl_brakes_the_lr"

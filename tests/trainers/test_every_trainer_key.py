@@ -93,6 +93,36 @@ def test_weight_decay_and_betas() -> None:
     assert largest_change(params(odd), params(usual)) > 1e-5
 
 
+def test_optimizer_sgd_moves_each_weight_by_its_gradient() -> None:
+    # AdamW's first step moves every weight with a gradient by about lr; SGD by lr x gradient
+    adam, sgd = learner(max_grad_norm=0), learner(optimizer="sgd", lr=0.1, max_grad_norm=0)
+    start = params(sgd)
+    for lrn in (adam, sgd):
+        lrn.train_step(batch())
+    grads = {n: p.grad for n, p in sgd.model.named_parameters() if p.grad is not None}
+    moved = {k: params(sgd)[k] - start[k] for k in start}
+    for name, grad in grads.items():
+        full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+        assert torch.allclose(moved[name], -0.1 * full, atol=1e-7), name
+    assert largest_change(start, params(adam)) == pytest.approx(1e-3, rel=0.05)
+    # momentum: the second step adds momentum x the first step's gradient
+    heavy, plain = (
+        learner(optimizer="sgd", lr=0.1, sgd_momentum=0.9),
+        learner(optimizer="sgd", lr=0.1),
+    )
+    for lrn in (heavy, plain):
+        lrn.train_step(batch())
+        lrn.train_step(batch(offset=-0.2))
+    assert largest_change(params(heavy), params(plain)) > 1e-5
+    decayed = learner(optimizer="sgd", lr=0.1, weight_decay=0.5)
+    before = params(decayed)
+    decayed.train_step([dataclasses.replace(t, loss_mask=(0,) * len(t.loss_mask)) for t in batch()])
+    after = params(decayed)
+    assert all(torch.allclose(after[k], before[k] * 0.95, atol=1e-7) for k in before)
+    with pytest.raises(Exception, match=r"trainer\.optimizer"):
+        TrainerConfig(optimizer="lion")  # type: ignore[arg-type]
+
+
 def test_max_grad_norm_clips_the_update() -> None:
     clipped = learner(max_grad_norm=1e-6)  # the probe's forward after it leaves them too
     metrics = clipped.train_step(batch())
