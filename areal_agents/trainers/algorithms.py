@@ -159,6 +159,12 @@ class AlgoConfig:
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: the buffer drops a group whose rewards are all equal (no learning
     signal) and admits another task in its place."""
+    keep_per_group: int | None = None
+    """Down-sampling (PODS, Xu et al., 2025): of each group's ``env.group_size`` episodes the
+    learner trains only this many, those whose rewards vary the most (the lowest and highest
+    rewards), and computes the advantages among them; None: every episode. Generation is cheap
+    and the update is not: a large group finds the rare success on a hard task, and the learner
+    pays for ``keep_per_group`` rows of it (``filters.max_variance_rows``)."""
     overlong_buffer: int = 0
     """DAPO soft overlong penalty: a trajectory whose longest assistant turn comes within N
     tokens of the per-turn limit (``inference.max_tokens``) loses up to ``overlong_penalty``
@@ -206,6 +212,11 @@ class AlgoConfig:
             raise ConfigError(f"algo.norm_tokens={self.norm_tokens} must be > 0 or none")
         if self.overlong_buffer < 0 or self.overlong_penalty < 0:
             raise ConfigError("algo.overlong_buffer and algo.overlong_penalty must be >= 0")
+        if self.keep_per_group is not None and self.keep_per_group < 2:
+            raise ConfigError(
+                f"algo.keep_per_group={self.keep_per_group}: at least 2 episodes of a group are "
+                "needed to compare them (or null: train every episode)"
+            )
 
     def needs(self, updates_per_step: int = 1) -> Needs:
         """What a learner computes before a step of ``updates_per_step`` optimizer updates."""

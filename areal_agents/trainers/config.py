@@ -493,6 +493,12 @@ class TrainConfig:
             self.algo = self.algo.replace(
                 norm_tokens=self.inference.max_tokens * self.env.max_turns
             )
+        keep = self.algo.keep_per_group
+        if keep is not None and keep >= self.env.group_size:
+            raise ConfigError(
+                f"algo.keep_per_group={keep} with env.group_size={self.env.group_size}: keeps "
+                "every episode; raise env.group_size (e.g. to 8) or drop algo.keep_per_group"
+            )
         groupwise = get_advantage_estimator(self.algo.advantage).groupwise
         if groupwise and self.env.group_size < 2:
             raise ConfigError(

@@ -6,6 +6,9 @@
   of policy tokens (the environment's tokens separate turns): :func:`longest_turn`.
 * Overlong filtering (``algo.mask_truncated``): a truncated episode gets no loss
   (:func:`truncation_mask`); its reward still counts in its group's baseline.
+* Down-sampling (``algo.keep_per_group``, PODS): of each group, the rows whose rewards vary the
+  most (:func:`max_variance_rows`); the learner trains those and computes the advantages among
+  them.
 * The placebo (``algo.shuffle_rewards``): the rewards in a seeded random order
   (:func:`shuffled_rewards`), among the whole batch or within each group
   (``algo.shuffle_scope``), so that an update of the real one's size carries no signal.
@@ -32,6 +35,7 @@ from torch import Tensor
 __all__ = [
     "FilterKnobs",
     "longest_turn",
+    "max_variance_rows",
     "overlong_penalty",
     "shape_batch",
     "shuffled_rewards",
@@ -102,6 +106,44 @@ def shuffled_rewards(rewards: Tensor, seed: int, groups: Sequence[str] | None = 
         rows = torch.tensor([i for i, g in enumerate(groups) if g == gid], dtype=torch.long)
         out[rows] = rewards[rows[torch.randperm(rows.shape[0], generator=generator)]]
     return out
+
+
+def max_variance_rows(
+    rewards: Tensor, group_ids: Sequence[str], keep: int, seed: int = 0
+) -> list[int]:
+    """PODS's max-variance down-sampling: per group, the ``keep`` rows whose rewards have the
+    largest variance, in row order. That set is always the ``k`` lowest and ``keep - k``
+    highest rewards for some ``k`` (Xu et al., 2025), so each ``k`` is tried; among equal
+    rewards the rows are drawn at random from ``seed``. A group of ``keep`` rows or fewer is
+    kept whole.
+
+    >>> r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    >>> rows = max_variance_rows(r, ["a"] * 8, keep=4)
+    >>> len(rows), sorted(r[rows].tolist())   # both successes, two of the six failures
+    (4, [0.0, 0.0, 1.0, 1.0])
+    >>> max_variance_rows(torch.tensor([0.1, 0.5, 0.9, 0.2]), ["a", "a", "a", "a"], keep=2)
+    [0, 2]
+    """
+    gen = torch.Generator().manual_seed(seed)
+    members: dict[str, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        members.setdefault(g, []).append(i)
+    out: list[int] = []
+    for rows in members.values():
+        if len(rows) <= keep:
+            out += rows
+            continue
+        drawn = [rows[j] for j in torch.randperm(len(rows), generator=gen).tolist()]
+        order = sorted(drawn, key=lambda i: float(rewards[i]))  # stable: ties stay drawn
+        best: list[int] = []
+        best_var = -1.0
+        for k in range(keep + 1):
+            chosen = order[:k] + order[len(order) - (keep - k) :]
+            var = float(rewards[chosen].double().var(unbiased=False))
+            if var > best_var + 1e-12:
+                best, best_var = chosen, var
+        out += best
+    return sorted(out)
 
 
 def shape_batch(

@@ -46,7 +46,7 @@ from areal_agents.trainers.batching import (
 from areal_agents.trainers.config import ModelConfig, TrainerConfig
 from areal_agents.trainers.corrections import weight_summary
 from areal_agents.trainers.critic import compute_value_loss
-from areal_agents.trainers.filters import shape_batch
+from areal_agents.trainers.filters import max_variance_rows, shape_batch
 from areal_agents.trainers.forward import (
     Prepass,
     critic_values,
@@ -221,7 +221,13 @@ class Learner(LearnerState):
             group_ids=batch.group_ids,
         )
         batch = dataclasses.replace(batch, rewards=rewards, loss_mask=loss_mask)
-        everything = list(range(len(trajectories)))
+        if algo.keep_per_group is not None:  # PODS: each group's most varied rewards only
+            kept = max_variance_rows(
+                batch.rewards, batch.group_ids, algo.keep_per_group, seed=cfg.seed + self.step
+            )
+            shaped["filter/downsampled_rows"] = float(len(trajectories) - len(kept))
+            batch = batch.rows(kept)
+        everything = list(range(len(batch.group_ids)))
         budget, cost = cfg.micro_batch_tokens, micro_batch_cost(batch, cfg.share_prompt_prefix)
         everyone = plan(everything, batch.lengths, spec.world_size, spec.rank, budget, cost)
         pre = self._prepass(batch, everyone)
@@ -278,7 +284,7 @@ class Learner(LearnerState):
         mask_total = batch.loss_mask.sum().clamp(min=1)
         metrics["advantage/abs_mean"] = float(adv.abs().sum() / mask_total)
         metrics["learner/rows_trained"] = float(len(live))
-        metrics["learner/rows_skipped"] = float(len(trajectories) - len(live))
+        metrics["learner/rows_skipped"] = float(len(everything) - len(live))
         if self.baseline is not None:
             metrics["baseline/running"] = self.baseline.value
         return metrics

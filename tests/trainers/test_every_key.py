@@ -65,6 +65,27 @@ def test_loss_decoupled_ppo_takes_the_ratio_against_the_step_start_policy() -> N
     assert two.needs.proximal_pass and not learner(algo(), ppo_epochs=2).needs.proximal_pass
 
 
+def test_keep_per_group_trains_each_groups_most_varied_rewards() -> None:
+    # groups of 4 with rewards 1, 0.5, 0.5, 0: the most varied pair is the 1 and the 0, whose
+    # GRPO advantages among themselves are +-A; the learner trains exactly those two rows
+    rewards = (1.0, 0.5, 0.5, 0.0)
+    full = [row(g, r, seed=i) for g in ("a", "b") for i, r in enumerate(rewards)]
+    pair = [t for t in full if t.reward in (1.0, 0.0)]
+    down = step(algo(keep_per_group=2), full)
+    alone = step("grpo", pair)
+    assert down["filter/downsampled_rows"] == 4 and down["learner/rows_trained"] == 4
+    assert down["advantage/abs_mean"] == pytest.approx(A, rel=1e-5)  # adv_eps in the std
+    assert down["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-5)
+    assert down["loss/policy"] == pytest.approx(alone["loss/policy"], abs=1e-6)
+    every = step("grpo", full)  # without it: advantages against the group of 4 (std 0.41)
+    assert "filter/downsampled_rows" not in every
+    assert every["advantage/abs_mean"] == pytest.approx(0.5 / math.sqrt(1 / 6) / 2, rel=1e-5)
+    with pytest.raises(ConfigError, match="at least 2"):
+        algo(keep_per_group=1)
+    with pytest.raises(ConfigError, match=r"env\.group_size"):
+        TrainConfig(algo=algo(keep_per_group=4))  # the default group of 4: nothing dropped
+
+
 def test_clip_eps_low_and_high() -> None:
     low = batch(offset=0.5)  # ratio e^-0.5 = 0.61: clipped below 0.8 where A < 0
     assert step("grpo", low)["clip/low_frac"] == pytest.approx(0.5)
@@ -337,6 +358,7 @@ COVERED: dict[str, str] = {
     "algo.dynamic_sampling": (
         TRAINER + "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer"
     ),
+    "algo.keep_per_group": "test_keep_per_group_trains_each_groups_most_varied_rewards",
     "algo.overlong_buffer": "test_overlong_buffer_and_penalty_shape_the_reward",
     "algo.overlong_penalty": "test_overlong_buffer_and_penalty_shape_the_reward",
     "algo.mask_truncated": "test_mask_truncated_row_contributes_no_gradient",
