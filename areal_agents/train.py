@@ -46,9 +46,11 @@ def preflight(cfg: TrainConfig, *, create_dirs: bool = True) -> None:
 def finished_run(cfg: TrainConfig) -> tuple[Path, int] | None:
     """``(run directory, step)`` when ``cfg``'s run already finished, else None.
 
-    Finished: the directory this command would resume holds a checkpoint at
-    ``trainer.total_steps`` or later, or one whose training time used up
-    ``trainer.time_budget_s``. Raises the same :class:`ConfigError` as training would for a
+    Finished: the directory this command would resume holds ``summary.json`` (written last,
+    after the held-out evaluation) and a checkpoint at ``trainer.total_steps`` or later, or one
+    whose training time used up ``trainer.time_budget_s``. A run stopped after its last step
+    but before its summary (killed during the evaluation) is not finished: resuming it trains
+    nothing and evaluates. Raises the same :class:`ConfigError` as training would for a
     directory that holds a different run.
     """
     from areal_agents.files import read_json
@@ -56,7 +58,7 @@ def finished_run(cfg: TrainConfig) -> tuple[Path, int] | None:
     from areal_agents.trainers.runtime import choose_run_dir
 
     run_dir, ckpt = choose_run_dir(cfg)
-    if ckpt is None:
+    if ckpt is None or not (run_dir / "summary.json").is_file():
         return None
     step = CheckpointManager.step_of(ckpt)
     if step >= cfg.trainer.total_steps:

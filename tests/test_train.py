@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -331,8 +332,34 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint_and_the_rerun_resumes(
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [f"step_{done + 1:06d}"]
 
 
-def _finished_run_dir(run_dir: Path, step: int, elapsed_s: float = 10.0) -> None:
-    """A run directory as training leaves it (config and a committed checkpoint)."""
+@pytest.mark.integration
+def test_a_run_killed_in_its_closing_evaluation_finishes_it_on_the_rerun(tmp_path: Path) -> None:
+    """The last step's checkpoint is on disk but the held-out evaluation and summary.json are
+    not (the process died in between): the same command trains nothing and evaluates."""
+    common = [*TINY, "trainer.total_steps=1", "eval.held_out_tasks=2", f"output_dir={tmp_path}"]
+    proc = run(common, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    first = json.loads((tmp_path / "summary.json").read_text())
+    (tmp_path / "summary.json").unlink()  # as a kill during the evaluation leaves the run
+    shutil.rmtree(tmp_path / "eval" / "after")
+
+    proc = run(common, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert "already complete" not in out.decode() and "resuming step_000001" in out.decode()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1]  # nothing retrained
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["finished"] and summary["steps"] == first["steps"] == 1
+    after = json.loads((tmp_path / "eval" / "after" / "summary.json").read_text())
+    assert after["episodes"] == 2 and summary["held_out"]["after"]["episodes"] == 2
+
+
+def _finished_run_dir(
+    run_dir: Path, step: int, elapsed_s: float = 10.0, summary: bool = True
+) -> None:
+    """A run directory as training leaves it (config, a committed checkpoint and, once the
+    closing evaluation is done, ``summary.json``)."""
     from areal_agents.config import dump_yaml, load_config
     from areal_agents.trainers.config import TrainConfig
 
@@ -340,12 +367,15 @@ def _finished_run_dir(run_dir: Path, step: int, elapsed_s: float = 10.0) -> None
     ckpt = run_dir / "checkpoints" / f"step_{step:06d}"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer.json").write_text(json.dumps({"elapsed_s": elapsed_s}))
+    if summary:
+        (run_dir / "summary.json").write_text(json.dumps({"finished": True, "steps": step}))
 
 
 @pytest.mark.parametrize(
     ("extra", "complete"),
     [
         (["trainer.total_steps=2"], True),
+        (["trainer.total_steps=2", "no summary"], False),  # killed in its closing evaluation
         (["trainer.total_steps=3"], False),  # more steps asked for: training continues
         (["trainer.total_steps=3", "trainer.time_budget_s=5"], True),  # budget spent
         (["trainer.total_steps=3", "trainer.time_budget_s=60"], False),
@@ -363,7 +393,9 @@ def test_a_finished_run_says_so_and_exits_without_starting_anything(
     from areal_agents.train import finished_run
     from areal_agents.trainers import loop
 
-    _finished_run_dir(tmp_path, step=2)
+    summary = "no summary" not in extra
+    extra = [e for e in extra if e != "no summary"]
+    _finished_run_dir(tmp_path, step=2, summary=summary)
 
     def no_training(cfg: object) -> None:
         raise AssertionError("training started")
