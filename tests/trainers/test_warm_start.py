@@ -28,6 +28,9 @@ def test_the_default_command_is_the_recipe() -> None:
     cfg = load_config(TrainConfig, [])
     assert cfg.env.name == "code_sandbox" and cfg.warm_start.steps > 0
     assert cfg.trainer.time_budget_s is not None and cfg.trainer.time_budget_s <= 20 * 60
+    # the measured trust region (benchmarks/README.md section 12): a small step after a warm-up
+    assert (cfg.trainer.optimizer, cfg.trainer.lr, cfg.trainer.warmup_steps) == ("adamw", 1e-5, 5)
+    assert cfg.trainer.total_steps == 24 and cfg.trainer.lr_schedule == "constant"
     assert cfg.trainer.mode == "async" and cfg.trainer.effective_max_staleness == 2
     assert cfg.algo.for_mode(cfg.trainer.mode).loss == "decoupled_ppo"
     sync = load_config(TrainConfig, ["trainer.mode=sync"])  # the default is one key from sync
