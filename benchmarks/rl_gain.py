@@ -107,7 +107,8 @@ def run_variant(
     rows = read_jsonl(run_dir / "metrics.jsonl", torn_ok=True)
 
     def curve(key: str) -> list[float | None]:
-        return [None if r.get(key) is None else round(float(r[key]), 5) for r in rows]
+        # four significant digits: a probe KL of 7e-6 must not round to 1e-5
+        return [None if r.get(key) is None else float(f"{float(r[key]):.4g}") for r in rows]
 
     return {
         "env": env,
@@ -143,13 +144,13 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
     """A markdown table: one row per env, variant and seed."""
     lines = [
         "| env | variant | seed | before | after | RL gain (95% CI) | fixed / broken | McNemar p "
-        "| steps | update KL (mean) |",
+        "| steps | update KL (mean / max) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         h = e.get("held_out") or {}
         kls = [k for k in e.get("update_kl") or [] if k is not None]
-        kl = f"{sum(kls) / len(kls):.4f}" if kls else "-"
+        kl = f"{sum(kls) / len(kls):.1e} / {max(kls):.1e}" if kls else "-"
         if h:
             lo, hi = h["ci95_points"]
             lines.append(

@@ -59,3 +59,4 @@ def test_by_variant_sums_the_seeds_of_each_variant() -> None:
     assert "| placebo | 0 | -1.5 | **-1.5** | -1.5 | 3 / 5 |" in placebo
     assert "| real | 0,1 | +12.5, +8.0 | **+10.2** | +8.0 | 30 / 4 | 2.00e-03 |" in real
     assert "+12.5** (+8.5 to +16.5)" in rl_gain.table(entries[:1])
+    assert rl_gain.table(entries[:1]).endswith("| 24 | 2.0e-03 / 3.0e-03 |")  # mean / max
