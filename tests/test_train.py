@@ -372,17 +372,18 @@ def _finished_run_dir(
 
 
 @pytest.mark.parametrize(
-    ("extra", "complete"),
+    ("extra", "summary", "complete"),
     [
-        (["trainer.total_steps=2"], True),
-        (["trainer.total_steps=2", "no summary"], False),  # killed in its closing evaluation
-        (["trainer.total_steps=3"], False),  # more steps asked for: training continues
-        (["trainer.total_steps=3", "trainer.time_budget_s=5"], True),  # budget spent
-        (["trainer.total_steps=3", "trainer.time_budget_s=60"], False),
+        (["trainer.total_steps=2"], True, True),
+        (["trainer.total_steps=2"], False, False),  # killed in its closing evaluation
+        (["trainer.total_steps=3"], True, False),  # more steps asked for: training continues
+        (["trainer.total_steps=3", "trainer.time_budget_s=5"], True, True),  # budget spent
+        (["trainer.total_steps=3", "trainer.time_budget_s=60"], True, False),
     ],
 )
 def test_a_finished_run_says_so_and_exits_without_starting_anything(
     extra: list[str],
+    summary: bool,
     complete: bool,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -393,8 +394,6 @@ def test_a_finished_run_says_so_and_exits_without_starting_anything(
     from areal_agents.train import finished_run
     from areal_agents.trainers import loop
 
-    summary = "no summary" not in extra
-    extra = [e for e in extra if e != "no summary"]
     _finished_run_dir(tmp_path, step=2, summary=summary)
 
     def no_training(cfg: object) -> None:
