@@ -437,7 +437,8 @@ def test_check_validates_and_starts_nothing(
 def test_a_test_sized_run_of_the_default_recipe_on_code(tmp_path: Path) -> None:
     """The default command's recipe on its own environment, at test size: the warm start runs
     on reference solutions, the held-out tasks are scored three times (base, after the warm
-    start, after RL), and the time budget counts the warm start as training."""
+    start, after RL), and the time budget counts the warm start as training (the step count is
+    raised so that the budget, the recipe's guard, is what stops this run)."""
     budget = 40.0
     args = [
         "model=tiny",
@@ -451,6 +452,7 @@ def test_a_test_sized_run_of_the_default_recipe_on_code(tmp_path: Path) -> None:
         "warm_start.steps=3",
         "warm_start.batch_size=2",
         f"trainer.time_budget_s={budget}",
+        "trainer.total_steps=100000",
         "eval.held_out_tasks=4",
         f"output_dir={tmp_path}",
     ]

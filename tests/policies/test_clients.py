@@ -453,6 +453,20 @@ def _tokens_generated(server: Any) -> int:
     return int(sum(float(v) for v in values))
 
 
+async def _settled_token_count(server: Any) -> int:
+    """The token count once it stops moving: vLLM records a finished request's last tokens in
+    its metrics after the response, and a late count would pass for the next request's tokens
+    (the update then lands before that request reaches the engine, and its tokens keep the old,
+    conservative version tag)."""
+    count = _tokens_generated(server)
+    for _ in range(50):
+        await asyncio.sleep(0.2)
+        count, previous = _tokens_generated(server), count
+        if count == previous:
+            break
+    return count
+
+
 def test_an_update_mid_generation_is_continued_under_new_weights(
     server: Any, model_dir: Any, noisy_dir: Any, tokenizer: Any
 ) -> None:
@@ -466,9 +480,10 @@ def test_an_update_mid_generation_is_continued_under_new_weights(
             extra_body={"ignore_eos": True},
             version_source=lambda: -1,  # unused: both servers send the version with responses
         )
-        start, version = _tokens_generated(server), server.weight_version()
+        start, version = await _settled_token_count(server), server.weight_version()
         task = asyncio.create_task(policy.act([Message.user("Count to one hundred.")], []))
-        while _tokens_generated(server) < start + 5:  # the generation is under way
+        # the generation is under way: more tokens than a late-counted earlier request could add
+        while _tokens_generated(server) < start + 40:
             await asyncio.sleep(0.05)
         await asyncio.to_thread(server.update_weights_from_disk, str(noisy_dir), version + 1, 300)
         turn = await task

@@ -159,11 +159,12 @@ def test_terminate_returns_at_once_and_the_child_ends() -> None:
 
 
 def test_context_exit_stops_the_child_and_the_launcher_thread() -> None:
-    before = {t.ident for t in threading.enumerate()}
+    # Thread objects, not idents: a thread that ends meanwhile frees its ident for the launcher.
+    before = set(threading.enumerate())
     with Child("import time; time.sleep(300)") as server:
         assert server.process is not None
         pid = server.process.pid
-        new = [t for t in threading.enumerate() if t.ident not in before]
+        new = [t for t in threading.enumerate() if t not in before]
         launchers = [t for t in new if t.name == "areal-server-launcher"]
         assert len(launchers) == 1, [t.name for t in new]
     assert is_gone(pid)
