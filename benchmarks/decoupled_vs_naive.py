@@ -37,9 +37,23 @@ from _common import machine_info, write_json
 from areal_agents.trainers.algorithms import AlgoConfig, compute_advantages, compute_policy_loss
 from areal_agents.trainers.losses import get_loss
 
-__all__ = ["expected_reward", "main", "train"]
+__all__ = ["VARIANTS", "expected_reward", "main", "train"]
 
 LOSSES = ("ppo_clip", "decoupled_ppo")
+#: The settings compared (``--variants``): a loss and its off-policy correction, as ``algo.*``
+#: overrides (``trainers/corrections.py``). ``decoupled_ppo`` alone runs the config's defaults.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "ppo_clip": {"loss": "ppo_clip"},
+    "decoupled_ppo": {"loss": "decoupled_ppo"},
+    "decoupled_ppo+truncate": {"loss": "decoupled_ppo", "behavior_imp_mode": "truncate"},
+    "decoupled_ppo+mask": {"loss": "decoupled_ppo", "behavior_imp_mode": "mask"},
+    "decoupled_ppo+seq_geo_mask": {
+        "loss": "decoupled_ppo",
+        "behavior_imp_mode": "mask",
+        "behavior_imp_level": "sequence",
+    },
+    "decoupled_ppo+no_cap": {"loss": "decoupled_ppo", "behavior_imp_cap": None},
+}
 
 
 def expected_reward(theta: torch.Tensor, target: torch.Tensor) -> float:
@@ -62,16 +76,17 @@ def train(
     updates: int = 1,
     lr: float = 0.2,
 ) -> dict[str, Any]:
-    """One run; returns the expected reward after every step and the loss metrics' means."""
+    """One run of ``loss`` (a name of :data:`VARIANTS`); returns the expected reward after every
+    step and the loss metrics' means."""
     g = torch.Generator().manual_seed(seed)
     target = torch.randint(vocab, (contexts, length), generator=g)
     theta = torch.zeros(contexts, length, vocab, requires_grad=True)
     opt = torch.optim.Adam([theta], lr=lr)
-    cfg = AlgoConfig.from_name("grpo").replace(loss=loss, aggregation="token_mean")
+    cfg = AlgoConfig.from_name("grpo").replace(aggregation="token_mean", **VARIANTS[loss])
     history = [theta.detach().clone()]  # history[v]: the weights of version v
     sample_gen = torch.Generator().manual_seed(10_000 + seed)  # same stream for both losses
     curve = [expected_reward(theta.detach(), target)]
-    clipped, weights = [], []
+    clipped, weights, capped = [], [], []
     for step in range(steps):
         behav = history[max(0, step - staleness)]  # the sampler is `staleness` versions old
         ctx = torch.randint(contexts, (tasks_per_step,), generator=sample_gen)
@@ -85,7 +100,7 @@ def train(
         mask = torch.ones_like(behavior_logprobs)
         adv, _ = compute_advantages(cfg, rewards, mask, ctx.tolist())
         proximal = None
-        if get_loss(loss).needs_recompute(updates):  # decoupled: the step-start weights
+        if get_loss(cfg.loss).needs_recompute(updates):  # decoupled: the step-start weights
             with torch.no_grad():
                 proximal = torch.log_softmax(theta[ctx], -1).gather(-1, tokens[..., None])[..., 0]
         for _ in range(updates):
@@ -96,6 +111,7 @@ def train(
             opt.step()
             clipped.append(float(metrics["clip/frac"]))
             weights.append(float(metrics["behavior/weight/mean"]))
+            capped.append(float(metrics.get("behavior/capped_frac", 0.0)))
         history.append(theta.detach().clone())
         curve.append(expected_reward(theta.detach(), target))
     return {
@@ -104,6 +120,7 @@ def train(
         "mean": round(statistics.fmean(curve[1:]), 4),  # area under the curve, per step
         "clip_frac_mean": round(statistics.fmean(clipped), 4),
         "behavior_weight_mean": round(statistics.fmean(weights), 4),
+        "capped_frac_mean": round(statistics.fmean(capped), 4),  # masked or truncated tokens
     }
 
 
@@ -117,8 +134,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--length", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=8)
     parser.add_argument("--lr", type=float, default=0.2)
+    parser.add_argument("--variants", default=",".join(LOSSES), help="of: " + ",".join(VARIANTS))
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    variants = [x for x in args.variants.split(",") if x]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown --variants {unknown}: choose from {sorted(VARIANTS)}")
     levels = [int(x) for x in args.staleness.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     ups = [int(x) for x in args.updates.split(",")]
@@ -127,12 +149,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     result["args"] = vars(args)
     rows = []
     print(
-        f"{'updates':>7s} {'stale':>5s} {'loss':>14s} {'final reward':>12s} {'mean reward':>11s}"
-        f" {'clip frac':>9s} {'w_behav':>8s}"
+        f"{'updates':>7s} {'stale':>5s} {'loss':>26s} {'final reward':>12s} {'mean reward':>11s}"
+        f" {'clip frac':>9s} {'w_behav':>8s} {'capped':>7s}"
     )
     for u in ups:
         for s in levels:
-            for loss in LOSSES:
+            for loss in variants:
                 runs = [
                     train(loss, s, seed, steps=args.steps, contexts=args.contexts,
                           length=args.length, vocab=args.vocab, updates=u, lr=args.lr)
@@ -150,13 +172,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     "behavior_weight_mean": round(
                         statistics.fmean(r["behavior_weight_mean"] for r in runs), 4
                     ),
+                    "capped_frac_mean": round(
+                        statistics.fmean(r["capped_frac_mean"] for r in runs), 4
+                    ),
                     "curve_seed0": runs[0]["curve"],
                 }
                 rows.append(row)
                 print(
-                    f"{u:7d} {s:5d} {loss:>14s} {row['final_mean']:12.3f}"
+                    f"{u:7d} {s:5d} {loss:>26s} {row['final_mean']:12.3f}"
                     f" {row['reward_mean_over_steps']:11.3f} {row['clip_frac_mean']:9.3f}"
-                    f" {row['behavior_weight_mean']:8.3f}"
+                    f" {row['behavior_weight_mean']:8.3f} {row['capped_frac_mean']:7.3f}"
                 )
     result["rows"] = rows
     write_json(args.json, result)

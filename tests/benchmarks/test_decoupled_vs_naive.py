@@ -29,3 +29,15 @@ def test_fresh_data_gives_both_losses_the_same_run_and_stale_data_separates_them
     naive, decoupled = (dvn.train(loss, 8, seed=0, **kw) for loss in dvn.LOSSES)
     assert naive["curve"] != decoupled["curve"]
     assert naive["clip_frac_mean"] > 0.0 and decoupled["clip_frac_mean"] == 0.0
+
+
+def test_each_correction_variant_runs_its_own_settings() -> None:
+    kw = dict(steps=12, contexts=4, length=4, vocab=4, tasks_per_step=4, group_size=4, updates=4)
+    runs = {v: dvn.train(v, 8, seed=0, lr=1.0, **kw) for v in dvn.VARIANTS}
+    assert runs["decoupled_ppo+mask"]["capped_frac_mean"] > 0  # the cap binds here
+    assert runs["decoupled_ppo+no_cap"]["capped_frac_mean"] == 0.0
+    assert runs["decoupled_ppo"]["curve"] == runs["decoupled_ppo+mask"]["curve"]  # the default
+    # one weight per sequence (geometric mean) is another update than one per token
+    assert runs["decoupled_ppo+seq_geo_mask"]["curve"] != runs["decoupled_ppo+mask"]["curve"]
+    with pytest.raises(SystemExit):
+        dvn.main(["--variants", "decoupled_ppo+nonsense"])
