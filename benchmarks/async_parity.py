@@ -68,7 +68,24 @@ def _metrics(run_dir: Path) -> dict[str, Any]:
     token_stale = sum(
         float(r.get("staleness/token_mean", 0.0)) * t for r, t in zip(rows, tokens, strict=True)
     )
+    by_turns: dict[int, list[float]] = {}  # turns -> [staleness x episodes, episodes]
+    for r in rows:
+        for key, value in r.items():
+            if key.startswith("staleness/turns") and key.endswith("_mean"):
+                n = int(key.removeprefix("staleness/turns").removesuffix("_mean"))
+                episodes = float(r.get(f"batch/turns{n}_episodes", 0))
+                got = by_turns.setdefault(n, [0.0, 0.0])
+                got[0], got[1] = got[0] + float(value) * episodes, got[1] + episodes
+
+    def staleness_of(turns: range) -> float | None:
+        picked = [v for n, v in by_turns.items() if n in turns and v[1]]
+        episodes = sum(v[1] for v in picked)
+        return round(sum(v[0] for v in picked) / episodes, 2) if episodes else None
+
     return {
+        # whether the batch order trains long dialogues staler than short ones (issue 29 item 2)
+        "staleness_short_episodes": staleness_of(range(1, 3)),  # 1-2 turns
+        "staleness_long_episodes": staleness_of(range(8, 10**6)),  # 8 turns or more
         "staleness_token_mean": round(token_stale / total, 3),
         "staleness_token_max": max(int(float(r.get("staleness/token_max", 0))) for r in rows),
         "masked_frac": mean("behavior/masked_frac"),
@@ -123,8 +140,9 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a markdown table."""
     lines = [
         "| seed | cell | held-out | vs sync (95% CI), fixed/broken, p | trained tok/s "
-        "| token staleness mean / max | masked | truncated | behaviour KL mean / max |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| token staleness mean / max | staleness of 1-2 / 8+ turn episodes | masked "
+        "| truncated | behaviour KL mean / max |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in rows:
         held = _fmt(None if x["held_out"] is None else 100 * x["held_out"], ".1f")
@@ -141,6 +159,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(
             f"| {x['seed']} | {x['cell']} | {held}% | {paired} | {tok_s}"
             f" | {stale} / {x.get('staleness_token_max', '-')}"
+            f" | {_fmt(x.get('staleness_short_episodes'), '.2f')}"
+            f" / {_fmt(x.get('staleness_long_episodes'), '.2f')}"
             f" | {_fmt(x.get('masked_frac'), '.4f')} | {_fmt(x.get('truncated_frac'), '.4f')}"
             f" | {kl} |"
         )

@@ -36,9 +36,13 @@ def _result(
 def test_cells_pair_with_their_seeds_sync_run_and_read_their_corrections(tmp_path: Path) -> None:
     rows = [
         {"tokens/policy": 100, "staleness/token_mean": 1.0, "staleness/token_max": 2,
-         "behavior/masked_frac": 0.1, "behavior/kl": 0.01},
+         "behavior/masked_frac": 0.1, "behavior/kl": 0.01,
+         "staleness/turns1_mean": 1.0, "batch/turns1_episodes": 6,
+         "staleness/turns8_mean": 2.0, "batch/turns8_episodes": 2},
         {"tokens/policy": 300, "staleness/token_mean": 3.0, "staleness/token_max": 4,
-         "behavior/masked_frac": 0.3, "behavior/kl": 0.05},
+         "behavior/masked_frac": 0.3, "behavior/kl": 0.05,
+         "staleness/turns2_mean": 3.0, "batch/turns2_episodes": 2,
+         "staleness/turns16_mean": 4.0, "batch/turns16_episodes": 6},
     ]  # fmt: skip
     # seed 0: sync solves tasks 0-3 of 8; the cell keeps 0-1, loses 2-3, gains 4-7
     _run(tmp_path, "p/sync", "sync_seed0", [True] * 4 + [False] * 4, rows)
@@ -60,6 +64,9 @@ def test_cells_pair_with_their_seeds_sync_run_and_read_their_corrections(tmp_pat
     assert vs["gain_points"] == pytest.approx(25.0)  # 6/8 against 4/8
     assert cell["staleness_token_mean"] == pytest.approx((1 * 100 + 3 * 300) / 400)
     assert cell["staleness_token_max"] == 4
+    # episode-weighted by length: 1-2 turns (6 at 1.0, 2 at 3.0), 8+ turns (2 at 2.0, 6 at 4.0)
+    assert cell["staleness_short_episodes"] == pytest.approx(1.5)
+    assert cell["staleness_long_episodes"] == pytest.approx(3.5)
     assert cell["masked_frac"] == pytest.approx(0.2) and cell["behavior_kl_max"] == pytest.approx(
         0.05
     )
