@@ -32,7 +32,8 @@ CORRECTION_PREFIXES = ("algo.behavior_imp_", "algo.loss=", "trainer.batch_order=
 
 
 def cell_label(args: dict[str, Any], mode: str) -> str:
-    """``sync``, or ``async_s4 decoupled_ppo [mode=mask]``: the mode, the loss, the correction."""
+    """``sync``, or ``async_s4 decoupled_ppo [mode=mask, lr=2e-05]``: the mode, the loss, the
+    correction (and the learning rate, where the benchmark's arguments name one)."""
     if mode == "sync":
         return "sync"
     knobs = [
@@ -48,6 +49,8 @@ def cell_label(args: dict[str, Any], mode: str) -> str:
         ),
         str(args.get("loss", "auto")),
     )
+    if "lr" in args:
+        knobs.append(f"lr={args['lr']:g}")
     return f"{mode} {loss}" + (f" [{', '.join(knobs)}]" if knobs else " [defaults]")
 
 
@@ -139,9 +142,9 @@ def _fmt(value: float | None, spec: str) -> str:
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a markdown table."""
     lines = [
-        "| seed | cell | held-out | vs sync (95% CI), fixed/broken, p | trained tok/s "
-        "| token staleness mean / max | staleness of 1-2 / 8+ turn episodes | masked "
-        "| truncated | behaviour KL mean / max |",
+        "| seed | cell (run directory) | held-out | vs sync (95% CI), fixed/broken, p "
+        "| trained tok/s | token staleness mean / max | staleness of 1-2 / 8+ turn episodes "
+        "| masked | truncated | behaviour KL mean / max |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in rows:
@@ -157,7 +160,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         )
         kl = f"{_fmt(x.get('behavior_kl_mean'), '.4f')} / {_fmt(x.get('behavior_kl_max'), '.3f')}"
         lines.append(
-            f"| {x['seed']} | {x['cell']} | {held}% | {paired} | {tok_s}"
+            f"| {x['seed']} | {x['cell']} ({Path(x['run_dir']).parent.name}) | {held}%"
+            f" | {paired} | {tok_s}"
             f" | {stale} / {x.get('staleness_token_max', '-')}"
             f" | {_fmt(x.get('staleness_short_episodes'), '.2f')}"
             f" / {_fmt(x.get('staleness_long_episodes'), '.2f')}"

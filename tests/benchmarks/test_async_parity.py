@@ -71,7 +71,9 @@ def test_cells_pair_with_their_seeds_sync_run_and_read_their_corrections(tmp_pat
         0.05
     )
     assert all("vs_sync" not in r for r in got if r["cell"] == "sync")
-    assert "| 0 | async_s4 decoupled_ppo [mode=mask] | 50.0% | +25.0" in async_parity.table(got)
+    assert "| 0 | async_s4 decoupled_ppo [mode=mask] (mask) | 50.0% | +25.0" in async_parity.table(
+        got
+    )
 
 
 def test_the_loss_of_a_cell_names_it() -> None:
