@@ -176,7 +176,11 @@ class TrainerConfig:
     """``async``: generation and learning overlap under ``max_staleness``; ``sync``: the
     same machinery with staleness 0 (generate, train, push, repeat) — the baseline."""
     max_staleness: int | None = None
-    """Versions a token may lag the weights it trains (None: 2 in async, 0 in sync)."""
+    """Versions a token may lag the weights it trains (None: 2 in async, 0 in sync). 2 is the
+    bound the main command's RL gain was measured at (``benchmarks/README.md`` section 12). At 4,
+    the fair async benchmark (section 13: 3 seeds, 128 held-out tasks, lr 2e-5) matched sync on
+    two seeds (+0.0, +0.8 points) and lost 40.6 on the third, which matched sync at the main
+    command's lr 1e-5: 4 is not yet a measured-safe default."""
     total_steps: int = 4
     """Optimizer steps (= weight versions) of the run."""
     groups_per_step: int = 2

@@ -107,8 +107,8 @@ def test_behavior_imp_cap_and_mode() -> None:
         step(algo(loss="decoupled_ppo", behavior_imp_cap=None), stale)["behavior/capped_frac"]
         == 0.0
     )
-    truncate = step(algo(loss="decoupled_ppo"), stale)
-    masked = step(algo(loss="decoupled_ppo", behavior_imp_mode="mask"), stale)
+    truncate = step(algo(loss="decoupled_ppo", behavior_imp_mode="truncate"), stale)
+    masked = step(algo(loss="decoupled_ppo"), stale)  # the default mode masks
     assert truncate["grad_norm"] > 0
     assert masked["grad_norm"] == 0.0 and masked["loss/policy"] == 0.0  # every token dropped
 

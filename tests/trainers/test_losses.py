@@ -67,7 +67,7 @@ def test_dual_clip_bounds_negative_advantage_tokens() -> None:
 
 
 def test_decoupled_weights_truncated_or_masked() -> None:
-    c = cfg(loss="decoupled_ppo", behavior_imp_cap=5.0)
+    c = cfg(loss="decoupled_ppo", behavior_imp_cap=5.0, behavior_imp_mode="truncate")
     # prox / behav = 10 > cap: truncated to 5, so loss and gradient scale by 5
     loss, grad, m = per_token(c, [1.0, 0.5], [1.0, 1.0], behav_shift=math.log(10))
     assert loss == pytest.approx([-5.0, -2.5])
