@@ -178,9 +178,9 @@ class TrainerConfig:
     max_staleness: int | None = None
     """Versions a token may lag the weights it trains (None: 2 in async, 0 in sync). 2 is the
     bound the main command's RL gain was measured at (``benchmarks/README.md`` section 12). At 4,
-    the fair async benchmark (section 13: 3 seeds, 128 held-out tasks, lr 2e-5) matched sync on
-    two seeds (+0.0, +0.8 points) and lost 40.6 on the third, which matched sync at the main
-    command's lr 1e-5: 4 is not yet a measured-safe default."""
+    the fair async benchmark (section 13: 3 seeds, 128 held-out tasks, lr 2e-5) matched sync in
+    3 runs of 4 and lost 40.6 points in the fourth (seed 2, whose repeat matched): 4 is not yet
+    a measured-safe default."""
     total_steps: int = 4
     """Optimizer steps (= weight versions) of the run."""
     groups_per_step: int = 2
