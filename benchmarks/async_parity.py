@@ -28,7 +28,7 @@ from _common import REPO, write_json
 __all__ = ["cell_label", "main", "parity_rows"]
 
 #: The overrides that name a cell's correction (the rest are shared by every cell).
-CORRECTION_PREFIXES = ("algo.behavior_imp_", "algo.loss=", "trainer.batch_order=")
+CORRECTION_PREFIXES = ("algo.behavior_imp_", "trainer.batch_order=")
 
 
 def cell_label(args: dict[str, Any], mode: str) -> str:
@@ -36,19 +36,12 @@ def cell_label(args: dict[str, Any], mode: str) -> str:
     correction (and the learning rate, where the benchmark's arguments name one)."""
     if mode == "sync":
         return "sync"
-    knobs = [
-        str(x).removeprefix("algo.behavior_imp_").removeprefix("trainer.")
-        for x in args.get("extra") or ()
-        if str(x).startswith(CORRECTION_PREFIXES) and not str(x).startswith("algo.loss=")
-    ]
-    loss = next(
-        (
-            str(x).split("=", 1)[1]
-            for x in args.get("extra") or ()
-            if str(x).startswith("algo.loss=")
-        ),
-        str(args.get("loss", "auto")),
-    )
+    loss, knobs = str(args.get("loss", "auto")), []
+    for x in map(str, args.get("extra") or ()):
+        if x.startswith("algo.loss="):  # an override of --loss (the last one wins, as in Hydra)
+            loss = x.split("=", 1)[1]
+        elif x.startswith(CORRECTION_PREFIXES):
+            knobs.append(x.removeprefix("algo.behavior_imp_").removeprefix("trainer."))
     if "lr" in args:
         knobs.append(f"lr={args['lr']:g}")
     return f"{mode} {loss}" + (f" [{', '.join(knobs)}]" if knobs else " [defaults]")
@@ -121,9 +114,7 @@ def parity_rows(results: Sequence[dict[str, Any]], root: Path = REPO) -> list[di
             "staleness_bound": int(r.get("staleness_bound", 0)),
             "held_out": (r.get("held_out") or {}).get("success_after"),
             "tokens_per_s": r.get("tokens_per_s"),
-            "run_dir": str(run_dir.relative_to(root))
-            if run_dir.is_relative_to(root)
-            else str(run_dir),
+            "run_dir": str(run_dir),  # write_json makes it relative to the checkout
             **_metrics(run_dir),
         }
         base = sync.get(int(r["seed"]))

@@ -86,3 +86,5 @@ def test_the_loss_of_a_cell_names_it() -> None:
     }
     assert async_parity.cell_label(args, "async_s4") == "async_s4 reinforce [level=sequence]"
     assert async_parity.cell_label(args, "sync") == "sync"
+    lr = async_parity.cell_label({**args, "lr": 1e-5}, "async_s4")
+    assert lr == "async_s4 reinforce [level=sequence, lr=1e-05]"
