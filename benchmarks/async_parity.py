@@ -32,10 +32,10 @@ CORRECTION_PREFIXES = ("algo.behavior_imp_", "trainer.batch_order=")
 
 
 def cell_label(args: dict[str, Any], mode: str) -> str:
-    """``sync``, or ``async_s4 decoupled_ppo [mode=mask, lr=2e-05]``: the mode, the loss, the
-    correction (and the learning rate, where the benchmark's arguments name one)."""
+    """``sync [lr=1e-05]``, or ``async_s4 decoupled_ppo [mode=mask, lr=2e-05]``: the mode, the
+    loss, the correction (and the learning rate, where the benchmark's arguments name one)."""
     if mode == "sync":
-        return "sync"
+        return "sync" + (f" [lr={args['lr']:g}]" if "lr" in args else "")
     loss, knobs = str(args.get("loss", "auto")), []
     for x in map(str, args.get("extra") or ()):
         if x.startswith("algo.loss="):  # an override of --loss (the last one wins, as in Hydra)
@@ -96,17 +96,18 @@ def _metrics(run_dir: Path) -> dict[str, Any]:
 def parity_rows(results: Sequence[dict[str, Any]], root: Path = REPO) -> list[dict[str, Any]]:
     """One row per run of ``results`` (async_vs_sync JSONs), paired with its seed's sync run."""
     from areal_agents.stats import compare_paired
-    from areal_agents.trainers.held_out import task_successes
+    from areal_agents.trainers.held_out import task_families, task_successes
 
     runs = []
     for result in results:
         args = result.get("args") or {}
         for r in result.get("runs") or ():
             run_dir = root / str(args.get("out", "")) / str(r["setting"])
-            runs.append((cell_label(args, str(r["mode"])), r, run_dir))
-    sync = {int(r["seed"]): d for label, r, d in runs if label == "sync"}
+            key = (int(r["seed"]), args.get("lr"))  # a cell is paired with sync at its own lr
+            runs.append((cell_label(args, str(r["mode"])), r, run_dir, key))
+    sync = {key: d for label, r, d, key in runs if r["mode"] == "sync"}
     rows = []
-    for label, r, run_dir in runs:
+    for label, r, run_dir, key in runs:
         solved = task_successes(run_dir / "eval" / "after")
         row: dict[str, Any] = {
             "cell": label,
@@ -117,11 +118,12 @@ def parity_rows(results: Sequence[dict[str, Any]], root: Path = REPO) -> list[di
             "run_dir": str(run_dir),  # write_json makes it relative to the checkout
             **_metrics(run_dir),
         }
-        base = sync.get(int(r["seed"]))
-        if label != "sync" and base is not None and solved:
+        base = sync.get(key)
+        if r["mode"] != "sync" and base is not None and solved:
             reference = task_successes(base / "eval" / "after")
             if reference:
-                row["vs_sync"] = compare_paired(reference, solved).to_json()
+                families = task_families(base / "eval" / "after")
+                row["vs_sync"] = compare_paired(reference, solved, families=families).to_json()
         rows.append(row)
     return sorted(rows, key=lambda x: (x["seed"], x["staleness_bound"], x["cell"]))
 

@@ -362,7 +362,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--concurrent-groups", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument(
+        "--lr", type=float, default=None, help="trainer.lr (default: the recipe's, 1e-5)"
+    )
     parser.add_argument("--loss", default="decoupled_ppo", help="algo.loss of every setting")
     parser.add_argument("--held-out", type=int, default=128, help="held-out tasks (0: none)")
     parser.add_argument("--sync-threads", type=int, default=2, help="threads/process in sync")
@@ -385,6 +387,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.groups_per_step, args.group_size, args.max_tokens, args.held_out = 1, 2, 8, 2
         args.concurrent_groups, args.sync_threads, args.async_threads = 2, 1, 1
 
+    if args.lr is None:  # the recipe's step size, its trust region (recorded in the JSON)
+        from areal_agents.trainers.config import TrainConfig
+
+        args.lr = TrainConfig().trainer.lr
     levels = [int(x) for x in args.staleness.split(",") if x != ""]
     seeds = [int(x) for x in args.seeds.split(",") if x != ""]
     result: dict[str, Any] = {

@@ -25,12 +25,12 @@ def _run(
 
 
 def _result(
-    out: str, mode: str, seed: int, extra: list[str], loss: str = "decoupled_ppo"
+    out: str, mode: str, seed: int, extra: list[str], loss: str = "decoupled_ppo", **args: Any
 ) -> dict[str, Any]:
     bound = 0 if mode == "sync" else 4
     run = {"setting": f"{mode}_seed{seed}", "mode": mode, "seed": seed, "staleness_bound": bound,
            "tokens_per_s": 20.0, "held_out": {"success_after": 0.5}}  # fmt: skip
-    return {"args": {"out": out, "loss": loss, "extra": extra}, "runs": [run]}
+    return {"args": {"out": out, "loss": loss, "extra": extra, **args}, "runs": [run]}
 
 
 def test_cells_pair_with_their_seeds_sync_run_and_read_their_corrections(tmp_path: Path) -> None:
@@ -88,3 +88,25 @@ def test_the_loss_of_a_cell_names_it() -> None:
     assert async_parity.cell_label(args, "sync") == "sync"
     lr = async_parity.cell_label({**args, "lr": 1e-5}, "async_s4")
     assert lr == "async_s4 reinforce [level=sequence, lr=1e-05]"
+    assert async_parity.cell_label({**args, "lr": 1e-5}, "sync") == "sync [lr=1e-05]"
+
+
+def test_a_cell_pairs_with_the_sync_run_of_its_own_learning_rate(tmp_path: Path) -> None:
+    # seed 0 at two learning rates: sync at 2e-5 solves 0-3 of 8, sync at 1e-5 solves all 8
+    _run(tmp_path, "p/sync", "sync_seed0", [True] * 4 + [False] * 4, [])
+    _run(tmp_path, "p/sync_lo", "sync_seed0", [True] * 8, [])
+    _run(tmp_path, "p/lo", "async_s4_seed0", [True] * 6 + [False] * 2, [])
+    results = [
+        _result("p/lo", "async_s4", 0, [], lr=1e-5),
+        _result("p/sync", "sync", 0, [], lr=2e-5),
+        _result("p/sync_lo", "sync", 0, [], lr=1e-5),
+    ]
+    got = async_parity.parity_rows(results, root=tmp_path)
+    cell = next(r for r in got if r["cell"].startswith("async"))
+    assert cell["cell"] == "async_s4 decoupled_ppo [lr=1e-05]"
+    vs = cell["vs_sync"]  # 6/8 against the 1e-5 sync run's 8/8, not the 2e-5 run's 4/8
+    assert (vs["improved"], vs["regressed"]) == (0, 2)
+    assert vs["gain_points"] == pytest.approx(-25.0)
+    # a cell whose learning rate has no sync run is not paired with another rate's
+    alone = async_parity.parity_rows(results[:2], root=tmp_path)
+    assert "vs_sync" not in next(r for r in alone if r["cell"].startswith("async"))

@@ -174,5 +174,6 @@ def test_tiny_sync_and_async_runs_print_the_table(tmp_path: Path, capsys) -> Non
         assert len(step["batch/task_indices"]) == 1 and step["time/train_s"] > 0
         assert step["tokens/policy"] == r["trained_tokens"] and r["forward_tokens"] > 0
     assert "seed0" in result["comparison"]["length_agreement"]
+    assert result["args"]["lr"] == 1e-5  # no --lr: the recipe's trust region, recorded
     assert (tmp_path / "plots" / "async_vs_sync_reward.png").is_file()
     assert "vs sync" in capsys.readouterr().out
