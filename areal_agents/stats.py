@@ -8,7 +8,8 @@ and after (or failed both times) says nothing about the change; only the discord
 * :func:`mcnemar_p` — McNemar's exact test: the two-sided binomial p-value of ``b`` tasks
   fixed against ``c`` broken (under "no change" each discordant task is a fair coin).
 * :func:`paired_bootstrap` — a percentile bootstrap interval of the mean paired difference,
-  resampling tasks (so the pairing is kept).
+  resampling tasks (so the pairing is kept), or whole families of tasks (``clusters``: the
+  instances of one template move together, so they are one unit of evidence, not several).
 * :func:`compare_paired` — all of it for two ``{task: solved}`` maps, as a
   :class:`PairedComparison` (the record ``summary.json`` and the benchmarks store).
 
@@ -74,12 +75,18 @@ def paired_bootstrap(
     before: Sequence[float],
     after: Sequence[float],
     *,
+    clusters: Sequence[Hashable] | None = None,
     resamples: int = 10_000,
     level: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of ``mean(after - before)``, resampling the pairs (tasks)
-    with replacement ``resamples`` times (seeded: the same data gives the same interval)."""
+    with replacement ``resamples`` times (seeded: the same data gives the same interval).
+
+    ``clusters``: each pair's family (one label per pair). Whole families are resampled
+    instead of single tasks, and each draw's statistic is the mean over the tasks it holds
+    (the cluster bootstrap): where a family's tasks are solved or failed together, its tasks
+    are not independent and the task-level interval is too narrow."""
     if len(before) != len(after):
         raise ValueError(f"{len(before)} values before, {len(after)} after: pair them by task")
     if not before:
@@ -88,8 +95,18 @@ def paired_bootstrap(
         raise ValueError(f"level={level}: must be in (0, 1)")
     diff = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)  # [n]
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(diff), size=(resamples, len(diff)))  # [R, n]
-    means = diff[idx].mean(axis=1)  # [R]
+    if clusters is None:
+        idx = rng.integers(0, len(diff), size=(resamples, len(diff)))  # [R, n]
+        means = diff[idx].mean(axis=1)  # [R]
+    else:
+        if len(clusters) != len(diff):
+            raise ValueError(f"{len(clusters)} cluster labels for {len(diff)} pairs")
+        ids = {c: i for i, c in enumerate(dict.fromkeys(clusters))}
+        label = np.fromiter((ids[c] for c in clusters), dtype=np.int64, count=len(diff))
+        sums = np.bincount(label, weights=diff, minlength=len(ids))  # [K]
+        sizes = np.bincount(label, minlength=len(ids)).astype(float)  # [K]
+        idx = rng.integers(0, len(ids), size=(resamples, len(ids)))  # [R, K]
+        means = sums[idx].sum(axis=1) / sizes[idx].sum(axis=1)  # [R]
     alpha = (1 - level) / 2
     lo, hi = np.quantile(means, [alpha, 1 - alpha])
     return float(lo), float(hi)
@@ -115,6 +132,22 @@ class PairedComparison:
     """Paired bootstrap 95% interval of the gain, in points."""
     mcnemar_p: float
     """McNemar's exact two-sided p-value (``improved`` vs ``regressed``)."""
+    families: int | None = None
+    """How many families (templates) the ``n`` tasks fall into; None when not known or when
+    every task is its own family."""
+    family_ci95_points: tuple[float, float] | None = None
+    """The cluster bootstrap's 95% interval of the gain, resampling whole families (wider than
+    ``ci95_points`` where a family's tasks move together); None without ``families``."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PairedComparison:
+        """The inverse of :meth:`to_json` (a record written before the family fields is read
+        with them None)."""
+        out = dict(data)
+        out["ci95_points"] = tuple(out["ci95_points"])
+        if out.get("family_ci95_points") is not None:
+            out["family_ci95_points"] = tuple(out["family_ci95_points"])
+        return cls(**out)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (rates rounded to 4 places, points to 1)."""
@@ -122,16 +155,24 @@ class PairedComparison:
         out["before"], out["after"] = round(self.before, 4), round(self.after, 4)
         out["gain_points"] = round(self.gain_points, 1)
         out["ci95_points"] = [round(v, 1) for v in self.ci95_points]
+        if self.family_ci95_points is not None:
+            out["family_ci95_points"] = [round(v, 1) for v in self.family_ci95_points]
         out["mcnemar_p"] = round(self.mcnemar_p, 4)
         return out
 
     def describe(self) -> str:
         """One line: ``+12.5 points (95% CI +4.7 to +20.3; 8 fixed, 0 broken; McNemar
-        p=0.008)``."""
+        p=0.008)``, and where the tasks come in families, ``; by family (12): -1.6 to +25.0``
+        before the closing parenthesis."""
         lo, hi = self.ci95_points
+        family = ""
+        if self.family_ci95_points is not None:
+            flo, fhi = self.family_ci95_points
+            family = f"; 95% CI by family ({self.families}) {flo:+.1f} to {fhi:+.1f}"
         return (
             f"{self.gain_points:+.1f} points (95% CI {lo:+.1f} to {hi:+.1f}; "
-            f"{self.improved} fixed, {self.regressed} broken; McNemar p={self.mcnemar_p:.3g})"
+            f"{self.improved} fixed, {self.regressed} broken; McNemar p={self.mcnemar_p:.3g}"
+            f"{family})"
         )
 
 
@@ -139,10 +180,19 @@ _Task = TypeVar("_Task", bound=Hashable)
 
 
 def compare_paired(
-    before: Mapping[_Task, bool], after: Mapping[_Task, bool], *, seed: int = 0
+    before: Mapping[_Task, bool],
+    after: Mapping[_Task, bool],
+    *,
+    families: Mapping[_Task, Hashable] | None = None,
+    seed: int = 0,
 ) -> PairedComparison:
     """Compare ``{task: solved}`` before and after on the tasks both maps hold (a task dropped
-    by either measurement is left out of the pairs)."""
+    by either measurement is left out of the pairs).
+
+    ``families``: ``{task: family}`` (e.g. the template a task was drawn from; a task it does
+    not name is a family of its own). Where some family holds several of the pairs, the result
+    also carries the cluster bootstrap's interval (:attr:`PairedComparison.family_ci95_points`).
+    """
     keys = sorted(set(before) & set(after), key=repr)
     if not keys:
         raise ValueError("the two measurements share no task")
@@ -152,6 +202,12 @@ def compare_paired(
     regressed = sum(1 for x, y in zip(b, a, strict=True) if y < x)
     lo, hi = paired_bootstrap(b, a, seed=seed)
     n = len(keys)
+    labels = [(0, families[k]) if families and k in families else (1, k) for k in keys]
+    k_families = len(set(labels))
+    family_ci = None
+    if k_families < n:  # some family holds several tasks: resample whole families too
+        flo, fhi = paired_bootstrap(b, a, clusters=labels, seed=seed)
+        family_ci = (100 * flo, 100 * fhi)
     return PairedComparison(
         n=n,
         before=sum(b) / n,
@@ -161,4 +217,6 @@ def compare_paired(
         gain_points=100 * (sum(a) - sum(b)) / n,
         ci95_points=(100 * lo, 100 * hi),
         mcnemar_p=mcnemar_p(improved, regressed),
+        families=k_families if family_ci is not None else None,
+        family_ci95_points=family_ci,
     )

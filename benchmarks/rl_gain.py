@@ -15,6 +15,14 @@ variant's overrides. Each variant's held-out success after RL is paired with the
     python -m benchmarks.rl_gain run --seeds 0,1,2 --name placebo algo.shuffle_rewards=true
     python -m benchmarks.rl_gain table      # one row per run
     python -m benchmarks.rl_gain variants   # one row per variant, over its seeds
+    python -m benchmarks.rl_gain rescore    # recompute every stored comparison from its runs
+
+The held-out code tasks come in families (the 24 templates, 2-10 tasks each, and a greedy
+policy tends to solve a template's tasks all or none), so beside the task-level interval every
+comparison carries the interval that resamples whole families (``family_ci95_points``), the
+honest one for a claim about the recipe. The tables also show the policy's total movement, the
+sum of the per-step probe KLs (``policy/update_kl``): a gain per unit of movement tells signal
+from drift better than either alone.
 
 Results: ``<root>/<env>-seed<S>/<name>/`` (the run) and ``benchmarks/results/rl_gain.json``
 (one entry per env, seed and variant, replaced when re-run).
@@ -34,7 +42,7 @@ from typing import Any
 
 from areal_agents.files import read_json, read_jsonl, write_json
 
-__all__ = ["by_variant", "main", "run_variant", "table", "warm"]
+__all__ = ["by_variant", "main", "rescore", "run_variant", "table", "warm"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "rl_gain.json"
@@ -66,13 +74,14 @@ def warm(env: str, seed: int, root: Path, held_out: int, extra: Sequence[str]) -
 
 def _paired(seed_dir: Path, run_dir: Path) -> dict[str, Any] | None:
     from areal_agents.stats import compare_paired
-    from areal_agents.trainers.held_out import task_successes
+    from areal_agents.trainers.held_out import task_families, task_successes
 
     before = task_successes(seed_dir / "before")
     after = task_successes(run_dir / "eval" / "after")
     if not before or not after:
         return None
-    return compare_paired(before, after).to_json()
+    families = task_families(seed_dir / "before")
+    return compare_paired(before, after, families=families).to_json()
 
 
 def run_variant(
@@ -140,26 +149,43 @@ def _store(entry: dict[str, Any]) -> None:
     write_json(RESULTS, entries)
 
 
+def _family_ci(held_out: dict[str, Any]) -> str:
+    """``-1.6 to +18.8 (24)``: the interval by task family and the number of families."""
+    ci = held_out.get("family_ci95_points")
+    return "-" if ci is None else f"{ci[0]:+.1f} to {ci[1]:+.1f} ({held_out.get('families')})"
+
+
 def table(entries: Sequence[dict[str, Any]]) -> str:
     """A markdown table: one row per env, variant and seed."""
     lines = [
-        "| env | variant | seed | before | after | RL gain (95% CI) | fixed / broken | McNemar p "
-        "| steps | update KL (mean / max) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| env | variant | seed | before | after | RL gain (95% CI) | CI by family (families) "
+        "| fixed / broken | McNemar p | steps | update KL (sum / max) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         h = e.get("held_out") or {}
         kls = [k for k in e.get("update_kl") or [] if k is not None]
-        kl = f"{sum(kls) / len(kls):.1e} / {max(kls):.1e}" if kls else "-"
+        kl = f"{sum(kls):.1e} / {max(kls):.1e}" if kls else "-"
         if h:
             lo, hi = h["ci95_points"]
             lines.append(
                 f"| {e['env']} | {e['name']} | {e['seed']} | {100 * h['before']:.1f}% | "
                 f"{100 * h['after']:.1f}% | **{h['gain_points']:+.1f}** ({lo:+.1f} to {hi:+.1f})"
-                f" | {h['improved']} / {h['regressed']} | {h['mcnemar_p']:.3g} | {e['steps']} "
-                f"| {kl} |"
+                f" | {_family_ci(h)} | {h['improved']} / {h['regressed']} | "
+                f"{h['mcnemar_p']:.3g} | {e['steps']} | {kl} |"
             )
     return "\n".join(lines)
+
+
+def rescore(entries: Sequence[dict[str, Any]], root: Path) -> list[dict[str, Any]]:
+    """``entries`` with each held-out comparison recomputed from its runs' transcripts under
+    ``root`` (an entry whose runs are not there is kept as it was)."""
+    out = []
+    for e in entries:
+        seed_dir = _seed_dir(root, e["env"], int(e["seed"]))
+        paired = _paired(seed_dir, seed_dir / e["name"])
+        out.append({**e, "held_out": paired} if paired else dict(e))
+    return out
 
 
 def by_variant(entries: Sequence[dict[str, Any]]) -> str:
@@ -192,7 +218,7 @@ def by_variant(entries: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("warm", "run", "table", "variants"))
+    parser.add_argument("action", choices=("warm", "run", "table", "variants", "rescore"))
     parser.add_argument("--env", default="code_sandbox")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--root", default="runs/rl_gain")
@@ -204,6 +230,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.action in ("table", "variants"):
         entries = read_json(RESULTS) if RESULTS.is_file() else []
         print(table(entries) if args.action == "table" else by_variant(entries))
+        return
+    if args.action == "rescore":
+        entries = rescore(read_json(RESULTS) if RESULTS.is_file() else [], root)
+        write_json(RESULTS, entries)
+        print(table(entries))
         return
     for seed in (int(s) for s in args.seeds.split(",")):
         if args.action == "warm":

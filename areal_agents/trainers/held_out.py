@@ -40,6 +40,8 @@ __all__ = [
     "held_out_task_ids",
     "load_result",
     "paired_gains",
+    "task_families",
+    "task_family",
     "task_successes",
 ]
 
@@ -130,19 +132,51 @@ def task_successes(directory: Path) -> dict[int, bool] | None:
     return out
 
 
+def task_family(task_id: str) -> str | None:
+    """The family (generator template) of a task, read from its id: the procedural sources
+    name their tasks ``<source>/<template>/<instance>`` (``gen/count_words/17``,
+    ``rg/basic_arithmetic/3``, ``kb0/born_in/x12``), whose family is ``<source>/<template>``.
+    None for an id of fewer parts (``HumanEval/12``, a JSONL file's ``name/7``): such a task
+    is a family of its own.
+
+    >>> task_family("gen/count_words/1099128568"), task_family("HumanEval/12")
+    ('gen/count_words', None)"""
+    parts = task_id.split("/")
+    return "/".join(parts[:-1]) if len(parts) >= 3 and all(parts) else None
+
+
+def task_families(directory: Path) -> dict[int, str]:
+    """``{task index: family}`` of the held-out tasks in ``<directory>/transcripts.jsonl`` that
+    have one (:func:`task_family`); empty when there is no such file."""
+    path = directory / "transcripts.jsonl"
+    if not path.is_file():
+        return {}
+    out: dict[int, str] = {}
+    for record in read_jsonl(path, torn_ok=True):
+        family = task_family(str(record.get("task_id") or ""))
+        if family is not None:
+            out[int(record["task_index"])] = family
+    return out
+
+
 def paired_gains(eval_dir: Path) -> dict[str, Any]:
     """The paired comparisons of the run's held-out measurements in ``eval_dir`` (``base``,
     ``before``, ``after``): ``rl_gain`` (before -> after), ``warm_start_gain`` (base ->
     before) and ``gain`` (base -> after), each a :class:`~areal_agents.stats.PairedComparison`
-    as JSON; a pair with a measurement missing is left out."""
+    as JSON, with the interval by task family where the tasks come in families (the instances
+    of one template tend to be solved or failed together); a pair with a measurement missing is
+    left out."""
     solved = {name: task_successes(eval_dir / name) for name in ("base", "before", "after")}
+    families: dict[int, str] = {}
+    for name in ("base", "before", "after"):  # the same tasks in each: any one names them
+        families = families or task_families(eval_dir / name)
     pairs = {"rl_gain": ("before", "after"), "warm_start_gain": ("base", "before")}
     pairs["gain"] = ("base", "after")
     out: dict[str, Any] = {}
     for key, (a, b) in pairs.items():
         first, second = solved[a], solved[b]
         if first and second and set(first) & set(second):
-            out[key] = compare_paired(first, second).to_json()
+            out[key] = compare_paired(first, second, families=families).to_json()
     return out
 
 
@@ -150,8 +184,7 @@ def _paired_line(comparison: dict[str, Any] | None) -> str:
     """``  (+12.5 points, 95% CI +4.7 to +20.3; 8 fixed, 0 broken; McNemar p=0.008)``."""
     if not comparison:
         return ""
-    c = PairedComparison(**{**comparison, "ci95_points": tuple(comparison["ci95_points"])})
-    return f"  ({c.describe()})"
+    return f"  ({PairedComparison.from_json(comparison).describe()})"
 
 
 def disk_mb(path: Path) -> float:

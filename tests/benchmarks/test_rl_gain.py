@@ -3,6 +3,8 @@ its tables are computed from the stored entries."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,4 +61,28 @@ def test_by_variant_sums_the_seeds_of_each_variant() -> None:
     assert "| placebo | 0 | -1.5 | **-1.5** | -1.5 | 3 / 5 |" in placebo
     assert "| real | 0,1 | +12.5, +8.0 | **+10.2** | +8.0 | 30 / 4 | 2.00e-03 |" in real
     assert "+12.5** (+8.5 to +16.5)" in rl_gain.table(entries[:1])
-    assert rl_gain.table(entries[:1]).endswith("| 24 | 2.0e-03 / 3.0e-03 |")  # mean / max
+    assert rl_gain.table(entries[:1]).endswith("| 24 | 4.0e-03 / 3.0e-03 |")  # sum / max
+    assert "| - | 18 / 2 |" in rl_gain.table(entries[:1])  # no family interval stored
+
+
+def test_rescore_recomputes_each_comparison_by_family_from_the_runs(tmp_path: Path) -> None:
+    seed_dir = tmp_path / "code_sandbox-seed0"
+    ids = [f"gen/t{i % 4}/{i}" for i in range(16)]
+    for where, solved in (
+        ("before", [False] * 16),
+        ("real/eval/after", [i % 4 == 0 for i in range(16)]),
+    ):
+        (seed_dir / where).mkdir(parents=True)
+        rows = [
+            {"task_index": i, "task_id": ids[i], "reward": float(ok)} for i, ok in enumerate(solved)
+        ]
+        (seed_dir / where / "transcripts.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+    stored = [entry("real", 0, 99.0, 0, 0), entry("gone", 0, 1.0, 1, 0)]  # gone: no runs
+    got = rl_gain.rescore(stored, tmp_path)
+    real = got[0]["held_out"]
+    assert (real["improved"], real["gain_points"], real["families"]) == (4, 25.0, 4)
+    assert real["family_ci95_points"][0] < real["ci95_points"][0]
+    assert got[1] == stored[1]  # kept as it was
+    assert "| 4 / 0 |" in rl_gain.table(got[:1]) and "(4) |" in rl_gain.table(got[:1])

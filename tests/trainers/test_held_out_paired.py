@@ -9,12 +9,21 @@ from pathlib import Path
 import pytest
 
 from areal_agents.stats import compare_paired, mcnemar_p, paired_bootstrap, wilson_interval
-from areal_agents.trainers.held_out import closing_screen, paired_gains, task_successes
+from areal_agents.trainers.held_out import (
+    closing_screen,
+    paired_gains,
+    task_families,
+    task_successes,
+)
 
 
-def _eval(directory: Path, solved: list[bool], threshold: float = 1.0) -> None:
+def _eval(
+    directory: Path, solved: list[bool], threshold: float = 1.0, ids: list[str] | None = None
+) -> None:
     directory.mkdir(parents=True)
     rows = [{"task_index": i, "reward": 1.0 if ok else 0.5} for i, ok in enumerate(solved)]
+    for row, task_id in zip(rows, ids or [], strict=False):
+        row["task_id"] = task_id
     (directory / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (directory / "summary.json").write_text(json.dumps({"pass_threshold": threshold}))
 
@@ -63,3 +72,54 @@ def test_intervals_by_hand() -> None:
     assert (c.n, c.improved, c.regressed, c.before, c.after) == (2, 1, 0, 0.5, 1.0)
     with pytest.raises(ValueError, match="share no task"):
         compare_paired({"a": True}, {"b": True})
+
+
+def test_tasks_of_one_family_are_resampled_together() -> None:
+    # 24 families of 5 tasks; 4 whole families fixed: 20 tasks, but 4 units of evidence
+    before = [0.0] * 120
+    after = [1.0 if i < 20 else 0.0 for i in range(120)]
+    families = [i // 5 for i in range(120)]
+    lo, hi = paired_bootstrap(before, after)
+    flo, fhi = paired_bootstrap(before, after, clusters=families)
+    assert flo < lo and fhi > hi  # the family interval is the wider, honest one
+    assert flo < 100 / 6 / 100 < fhi
+    # one task per family: the cluster bootstrap is the task bootstrap, draw for draw
+    singles = list(range(120))
+    assert paired_bootstrap(before, after, clusters=singles) == (lo, hi)
+    # each draw's mean is over the tasks it holds (families of unequal size, one difference)
+    assert paired_bootstrap([0.0] * 6, [1.0] * 6, clusters=[0, 0, 0, 0, 0, 1]) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="2 cluster labels for 3 pairs"):
+        paired_bootstrap([0.0] * 3, [1.0] * 3, clusters=[0, 1])
+
+
+def test_compare_paired_reports_the_family_interval_only_where_families_group_tasks() -> None:
+    before = {i: False for i in range(40)}
+    after = {i: i < 10 for i in range(40)}
+    plain = compare_paired(before, after)
+    assert plain.families is None and plain.family_ci95_points is None
+    own = compare_paired(before, after, families={})  # every task its own family: no clusters
+    assert own.family_ci95_points is None
+    grouped = compare_paired(before, after, families={i: i // 10 for i in range(40)})
+    assert grouped.families == 4 and grouped.family_ci95_points is not None
+    assert grouped.family_ci95_points[0] < grouped.ci95_points[0]
+    record = grouped.to_json()
+    assert type(grouped).from_json(record).to_json() == record
+    assert "; 95% CI by family (4) " in grouped.describe()
+    assert "by family" not in plain.describe()
+
+
+def test_paired_gains_and_the_closing_screen_show_the_interval_by_template(tmp_path: Path) -> None:
+    # 32 tasks of 8 code templates (gen/<template>/<seed>); RL fixes two whole templates
+    ids = [f"gen/t{i % 8}/{1000 + i}" for i in range(32)]
+    ids[31] = "HumanEval/3"  # a task of no family: its own
+    _eval(tmp_path / "before", [False] * 32, ids=ids)
+    _eval(tmp_path / "after", [i % 8 < 2 for i in range(32)], ids=ids)
+    families = task_families(tmp_path / "after")
+    assert families[0] == "gen/t0" and 31 not in families and len(set(families.values())) == 8
+    rl = paired_gains(tmp_path)["rl_gain"]
+    assert rl["families"] == 9 and rl["improved"] == 8
+    assert rl["family_ci95_points"][0] < rl["ci95_points"][0]
+    summary = {"held_out": {"tasks": 32, "before": {"success": 0.0}, "after": {"success": 0.25},
+                            "rl_gain": rl}}  # fmt: skip
+    assert "95% CI by family (9) " in closing_screen(summary)
+    assert task_families(tmp_path / "missing") == {}
