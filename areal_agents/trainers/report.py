@@ -144,6 +144,15 @@ def _interval(value: Any) -> list[float] | None:
     return [low / scale, high / scale]
 
 
+def _points(value: Any) -> list[float] | None:
+    """A ``[low, high]`` interval already in points, or None."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        return None
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in value):
+        return None
+    return [float(value[0]), float(value[1])]
+
+
 def _eval_summary(run: Path, when: str) -> dict[str, Any]:
     path = run / "eval" / when / "summary.json"
     try:
@@ -203,14 +212,17 @@ def held_out_view(summary: Mapping[str, Any], run_dir: str | os.PathLike[str]) -
     for key, label in _CHANGES:
         c = held.get(key)
         if isinstance(c, Mapping) and isinstance(c.get("gain_points"), int | float):
-            ci = _interval(c.get("ci95_points", c.get("ci")))
             changes.append(
                 {
                     "key": key,
                     "label": label,
                     "gain_points": float(c["gain_points"]),
-                    "ci_points": [100 * v for v in ci] if ci else None,
-                    **{k: c.get(k) for k in ("n", "improved", "regressed", "mcnemar_p")},
+                    # in points already: a narrow one (+0.0 to +0.8) is not a rate to scale
+                    "ci_points": _points(c.get("ci95_points")),
+                    "family_ci_points": _points(c.get("family_ci95_points")),
+                    **{
+                        k: c.get(k) for k in ("n", "improved", "regressed", "mcnemar_p", "families")
+                    },
                 }
             )
     tasks = held.get("tasks")

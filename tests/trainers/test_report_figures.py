@@ -43,6 +43,11 @@ SUMMARY: dict[str, Any] = {
         "rl_gain": {
             "n": 64, "before": 0.7344, "after": 0.7344, "improved": 3, "regressed": 3,
             "gain_points": 0.0, "ci95_points": [-6.2, 6.2], "mcnemar_p": 1.0,
+            "families": 12, "family_ci95_points": [-12.5, 10.9],
+        },
+        "gain": {  # a narrow interval in points, not a rate to scale by 100
+            "n": 64, "before": 0.2656, "after": 0.2812, "improved": 1, "regressed": 0,
+            "gain_points": 1.6, "ci95_points": [0.0, 0.8], "mcnemar_p": 1.0,
         },
     },
 }  # fmt: skip
@@ -85,6 +90,9 @@ def test_held_out_rows_take_the_summarys_interval_or_wilsons(tmp_path: Path) -> 
     assert (after["tool_calls_per_episode"], after["turns_per_episode"]) == (1.125, 2.5)
     rl = {c["key"]: c for c in view["changes"]}["rl_gain"]
     assert rl["ci_points"] == pytest.approx([-6.2, 6.2]) and rl["improved"] == 3
+    assert rl["family_ci_points"] == pytest.approx([-12.5, 10.9]) and rl["families"] == 12
+    both = {c["key"]: c for c in view["changes"]}["gain"]
+    assert both["ci_points"] == pytest.approx([0.0, 0.8]) and both["family_ci_points"] is None
     # an interval in points, or as {low, high}; a run without a warm start; none measured
     held = {"before": {"success": 0.5, "episodes": 10, "ci": {"low": 20.0, "high": 80.0}}}
     row = held_out_view({"held_out": held}, run)["rows"][0]
@@ -154,9 +162,10 @@ def test_the_page_shows_what_the_run_measured(tmp_path: Path) -> None:
         changes = browser.js("[...document.querySelectorAll('#heldout-changes li')]"
                              ".map((li) => li.textContent)")  # fmt: skip
         assert changes[1] == (
-            "RL: +0.0 points (95% CI -6.2 to +6.2; 3 fixed, 3 broken; McNemar p=1), "
-            "paired on the same tasks"
+            "RL: +0.0 points (95% CI -6.2 to +6.2; by task family (12): -12.5 to +10.9; 3 "
+            "fixed, 3 broken; McNemar p=1), paired on the same tasks"
         )
+        assert changes[2].startswith("warm start + RL: +1.6 points (95% CI +0.0 to +0.8; 1 f")
         assert changes[0] == (
             "warm start: +46.9 points (95% CI +34.4 to +59.4; 31 fixed, 1 broken; McNemar "
             "p<0.001), paired on the same tasks"
