@@ -1,5 +1,11 @@
 """The training configuration: one dataclass per component, composed into :class:`TrainConfig`.
 
+The larger sections live in modules of their own and are re-exported here: ``env``
+(:mod:`~areal_agents.trainers.env_config`), ``model`` (:mod:`~areal_agents.trainers.model_config`),
+``algo`` (:mod:`~areal_agents.trainers.algorithms`), ``inference``
+(:mod:`~areal_agents.trainers.inference_config`) and ``ray``
+(:mod:`~areal_agents.trainers.ray_config`).
+
 Every field is a typed key that can be overridden on the command line
 (``trainer.max_staleness=4``); ``env=``, ``algo=``, ``model=`` and ``inference=`` select
 Hydra config groups (each section's ``preset_names()`` are its options, built by its
@@ -20,13 +26,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from areal_agents.config_values import check_numbers
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.advantages import get_advantage_estimator
 from areal_agents.trainers.algorithms import AlgoConfig
+from areal_agents.trainers.env_config import EnvConfig
 from areal_agents.trainers.inference_config import InferenceConfig
+from areal_agents.trainers.model_config import LoraConfig, ModelConfig
 from areal_agents.trainers.ray_config import RayConfig
 
 __all__ = [
@@ -41,131 +49,6 @@ __all__ = [
     "TrainerConfig",
     "WarmStartConfig",
 ]
-
-
-@dataclass
-class EnvConfig:
-    """Which environment to train on, and how many samples per task."""
-
-    name: str = "code_sandbox"
-    """A short name (``code_sandbox``, ``calculator``, ...) or any registered Gymnasium id."""
-    group_size: int = 4
-    """Episodes per task; group-relative algorithms (GRPO, RLOO) compare samples of a group."""
-    max_turns: int | None = None
-    """Assistant turns before an episode is truncated (None: the environment's default)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for ``make_env`` (e.g. ``env.kwargs={sandbox: docker}``)."""
-    episode_retries: int = 1
-    """Times a broken episode (infrastructure fault) is retried before it is dropped."""
-
-    def __post_init__(self) -> None:
-        check_numbers(self, "env")
-        if not self.name:
-            raise ConfigError("env.name is empty: set env=<name or Gymnasium id>")
-        if self.group_size < 1:
-            raise ConfigError(f"env.group_size={self.group_size}: must be at least 1")
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ConfigError(f"env.max_turns={self.max_turns}: must be at least 1")
-        if self.episode_retries < 0:
-            raise ConfigError(f"env.episode_retries={self.episode_retries}: must be 0 or more")
-
-    @classmethod
-    def from_name(cls, name: str) -> EnvConfig:
-        """``env=NAME``: a built-in environment's preset sized for a small CPU machine (its
-        ``train_max_turns``), or any other id as it is; the name is checked at start."""
-        # imported here: the learner's configs load without gymnasium (e.g. on a GPU host that
-        # only trains; benchmarks/gpu)
-        from areal_agents.envs.registry import builtin_env
-
-        builtin = builtin_env(name)
-        return cls(name=name, max_turns=builtin.train_max_turns if builtin else None)
-
-    @classmethod
-    def preset_names(cls) -> tuple[str, ...]:
-        """The ``env`` config group's stored options: the built-in environments' short names
-        (any other Gymnasium id is accepted too, and stored when named)."""
-        from areal_agents.envs.registry import BUILTIN_ENVS  # lazily, as in from_name
-
-        return tuple(env.alias for env in BUILTIN_ENVS)
-
-    def make_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments for ``make_env``."""
-        out = dict(self.kwargs)
-        if self.max_turns is not None:
-            out.setdefault("max_turns", self.max_turns)
-        return out
-
-
-@dataclass
-class LoraConfig:
-    """LoRA: train low-rank adapters on some linear layers instead of every weight."""
-
-    r: int = 0
-    """Adapter rank (0: LoRA off, full fine-tuning)."""
-    alpha: float = 16.0
-    """Scaling numerator: the update is ``B @ A * alpha / r``."""
-    dropout: float = 0.0
-    """Dropout on the adapter's input while training (0 keeps log-probs reproducible)."""
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    """Names of the linear layers that get an adapter (matched on the last name component)."""
-
-    def __post_init__(self) -> None:
-        check_numbers(self, "model.lora")
-        if self.r < 0:
-            raise ConfigError(f"model.lora.r={self.r}: must be 0 (off) or a positive rank")
-        if self.r > 0 and self.alpha <= 0:
-            raise ConfigError(f"model.lora.alpha={self.alpha}: must be positive")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.lora.dropout={self.dropout}: must be in [0, 1)")
-        if self.r > 0 and not self.target_modules:
-            raise ConfigError(
-                "model.lora.target_modules is empty: name the linear layers to adapt, "
-                "e.g. model.lora.target_modules=[q_proj,v_proj]"
-            )
-
-    @property
-    def enabled(self) -> bool:
-        """Whether LoRA is on (``r > 0``)."""
-        return self.r > 0
-
-    @property
-    def scaling(self) -> float:
-        """``alpha / r``, the factor on ``B @ A``."""
-        return self.alpha / self.r if self.r else 0.0
-
-
-@dataclass
-class ModelConfig:
-    """The policy model that is trained and served."""
-
-    name: str = "default"
-    """``default`` (SmolLM2-135M-Instruct, offline), ``tiny`` (a randomly initialised model of
-    the same architecture and tokenizer, a few MB: for tests only) or a local HF directory."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Learner parameter dtype (bf16 is ~5x slower than fp32 on CPUs without bf16 units)."""
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    """The learner's compute dtype: ``bfloat16`` runs forward and backward under autocast, weights
-    and output head in ``dtype`` (mixed precision, ``trainers/precision.py``; needs bf16 units)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, more time)."""
-    chat_template: str | None = None
-    """The chat template every engine renders with: None (the model's own when it renders
-    tools, else ``chatml_tools``), ``chatml_tools`` (areal_agents' ChatML template with Hermes
-    tool calls), ``trl`` (TRL's training version of the model's template) or a Jinja file.
-    Checked at start-up: it must be prefix-preserving over multi-turn tool dialogues."""
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    """LoRA adapters (``model.lora.r=16``); off by default. Only the adapter is trained,
-    checkpointed and pushed to the servers."""
-
-    @classmethod
-    def from_name(cls, name: str) -> ModelConfig:
-        """``model=NAME``."""
-        return cls(name=name)
-
-    @classmethod
-    def preset_names(cls) -> tuple[str, ...]:
-        """The ``model`` config group's stored options (a model directory is accepted too)."""
-        return ("default", "tiny")
 
 
 @dataclass

@@ -19,8 +19,8 @@ from areal_agents.errors import ConfigError
 from areal_agents.trainers import fsdp
 from areal_agents.trainers.advantages import RunningBaseline
 from areal_agents.trainers.checkpoint import capture_rng, read_files, restore_rng, write_files
-from areal_agents.trainers.config import LoraConfig
 from areal_agents.trainers.lora import adapter_state, merged_state
+from areal_agents.trainers.model_config import LoraConfig
 from areal_agents.trainers.probe import KLBrake, PolicyProbe
 
 __all__ = ["LearnerState"]

@@ -22,7 +22,7 @@ from areal_agents.errors import ConfigError
 from areal_agents.files import atomic_directory
 
 if TYPE_CHECKING:
-    from areal_agents.trainers.config import ModelConfig
+    from areal_agents.trainers.model_config import ModelConfig
 
 __all__ = [
     "TINY_MODEL_NAME",

@@ -34,8 +34,8 @@ from areal_agents.policies.base import Policy
 from areal_agents.rollout import Episode, run_episode
 from areal_agents.sandboxes import shutdown_sandboxes
 from areal_agents.trainers.buffer import TrajectoryBuffer
-from areal_agents.trainers.config import EnvConfig
 from areal_agents.trainers.data import TaskRef, avoid_tasks
+from areal_agents.trainers.env_config import EnvConfig
 from areal_agents.types import Trajectory, TrajectoryMetadata
 
 __all__ = ["BufferClient", "LocalBuffer", "RayBuffer", "RolloutWorker", "WorkerStats"]
