@@ -7,8 +7,6 @@ back what they return (or the :class:`RequestError` they raise).
 * ``reset`` without a ``session_id`` opens a session: ``gym.make`` of the served environment with
   the server's keyword arguments and those the client may set. ``step``, ``render`` and ``close``
   take the id. Ids are random and unguessable; sessions never share an environment instance.
-* Every environment call runs in a worker thread (tools block on sandboxes), one at a time per
-  session and in arrival order; sessions run concurrently.
 * A ``request_id`` makes a retried ``reset`` or ``step`` safe: a request whose id the session has
   seen gets the result of the first one (waiting for it if it still runs) instead of a second
   application. Opening a session is deduplicated the same way.
@@ -18,18 +16,15 @@ back what they return (or the :class:`RequestError` they raise).
   manager was made with ``trust_client_tasks=True``: the server runs no client's code.
 * A request id names one request: the same id with another body is refused (``409``), so a
   client that reuses a fixed id cannot get another client's session or result.
-* ``max_sessions`` bounds open sessions. When all are open, opening one closes the session idle
-  longest (one not in a call), so that sessions held idle cannot lock other clients out; only
-  when every session is in a call is the answer ``503 TooManySessions``. ``evict_idle_s > 0``
-  spares sessions used more recently than that (an over-subscribed trainer then waits for a
-  slot instead of losing episodes, but a client holding every slot locks others out for that
-  long). Sessions idle for ``idle_timeout_s`` are closed by
-  :meth:`SessionManager.reap_idle`; after
+* ``max_sessions`` bounds open sessions; when all are open, opening one evicts the session idle
+  longest, or is answered ``503 TooManySessions``. After
   :meth:`SessionManager.start_draining` new work gets ``503 ServerDraining`` while the calls under
   way finish (:attr:`SessionManager.in_flight`).
-* Whatever an environment raises is caught in its thread and answered as an error of that request
-  only; it never reaches the event loop or another session (the mapping from exception to
-  status is :func:`areal_agents.envs.request_errors.as_request_error`).
+
+How sessions are kept and their calls run — worker threads, one call at a time per session,
+eviction, reaping of idle sessions, errors caught in their thread — is in
+:mod:`areal_agents.envs.session_table` (:class:`~areal_agents.envs.session_table.SessionTable`,
+which :class:`SessionManager` inherits).
 """
 
 from __future__ import annotations
@@ -39,14 +34,12 @@ import concurrent.futures
 import contextlib
 import importlib
 import json
-import logging
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import gymnasium as gym
 
@@ -62,7 +55,8 @@ from areal_agents.envs.request_checks import (
     check_task,
     fingerprint,
 )
-from areal_agents.envs.request_errors import RequestError, as_request_error, request_id_of
+from areal_agents.envs.request_errors import RequestError, request_id_of
+from areal_agents.envs.session_table import _MEMORY, Session, SessionTable
 from areal_agents.envs.wire import (
     PROTOCOL_VERSION,
     decode_value,
@@ -79,30 +73,14 @@ __all__ = [
     "canonical_env_id",
 ]
 
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
 #: Keyword arguments a client may pass to ``gym.make`` unless the server says otherwise: they
 #: shape episodes but cannot reach the server's files or weaken its sandbox.
 DEFAULT_CLIENT_KWARGS = ("max_turns", "max_tool_output_chars", "render_mode", "system_prompt")
 
-_MEMORY = 1024  # results of session openings, and ids of expired sessions, remembered
-_RESULTS_PER_SESSION = 8  # results kept per session for retried requests
 
-
-@dataclass
-class _Session:
-    id: str
-    env: gym.Env[Any, Any]
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    last_used: float = field(default_factory=time.monotonic)
-    results: OrderedDict[str, tuple[str, asyncio.Task[Any]]] = field(default_factory=OrderedDict)
-    closed: bool = False
-
-
-class SessionManager:
-    """The sessions of one served environment (see the module docstring).
+class SessionManager(SessionTable):
+    """The sessions of one served environment (see the module docstring); how they are kept,
+    evicted and reaped comes from :class:`~areal_agents.envs.session_table.SessionTable`.
 
     Args:
         env: the environment's alias, Gymnasium id or ``module:Env-v0`` (as ``env=`` takes it).
@@ -153,7 +131,7 @@ class SessionManager:
         self.steps = 0  # steps applied since start
         self._count_lock = threading.Lock()
         self.started = time.monotonic()
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, Session] = {}
         self._opening: OrderedDict[str, tuple[str, asyncio.Task[Any]]] = OrderedDict()  # by id
         self._expired: OrderedDict[str, str] = OrderedDict()  # session id -> why it is gone
         self._spaces: dict[str, dict[str, Any]] = {}
@@ -231,7 +209,7 @@ class SessionManager:
             return await asyncio.shield(task)
 
     def _resetter(
-        self, session: _Session, body: Mapping[str, Any], created: bool = False
+        self, session: Session, body: Mapping[str, Any], created: bool = False
     ) -> Callable[[], dict[str, Any]]:
         def reset() -> dict[str, Any]:
             obs, info = session.env.reset(seed=body.get("seed"), options=body.get("options"))
@@ -260,7 +238,7 @@ class SessionManager:
                     f"{len(self._sessions)} sessions are open, the limit (--max-sessions) is "
                     f"{self.max_sessions}, and {busy}; close sessions or retry later",
                 )
-        session = _Session(secrets.token_urlsafe(16), env=None)  # type: ignore[arg-type]
+        session = Session(secrets.token_urlsafe(16), env=None)  # type: ignore[arg-type]
         self._sessions[session.id] = session  # counts against the limit while it is made
         self.opened += 1
         async with session.lock:  # the reaper leaves it alone meanwhile
@@ -344,56 +322,6 @@ class SessionManager:
         """Refuse new work from now on; what runs finishes (watch :attr:`in_flight`)."""
         self.draining = True
 
-    async def _evict_one(self) -> bool:
-        """Close the session idle longest, if unused for ``evict_idle_s``; whether one was."""
-        now = time.monotonic()
-        idle = [
-            s
-            for s in self._sessions.values()
-            if s.env is not None and not s.lock.locked() and now - s.last_used >= self.evict_idle_s
-        ]
-        if not idle:
-            return False
-        oldest = min(idle, key=lambda s: s.last_used)
-        self._sessions.pop(oldest.id, None)
-        self.evicted += 1
-        why = f"closed after {now - oldest.last_used:.0f} s idle to make room (the server was full)"
-        self._forget(oldest.id, why)
-        logger.info("session %s: %s", oldest.id, why)
-        await self._close(oldest)
-        return True
-
-    async def reap_idle(self) -> int:
-        """Close sessions unused for ``idle_timeout_s``; returns how many."""
-        now = time.monotonic()
-        idle = [
-            s
-            for s in self._sessions.values()
-            if not s.lock.locked() and now - s.last_used > self.idle_timeout_s
-        ]
-        for session in idle:
-            self._sessions.pop(session.id, None)
-            self._forget(session.id, f"closed after {self.idle_timeout_s:g} s without a request")
-        await asyncio.gather(*(self._close(s) for s in idle))
-        if idle:
-            logger.info("closed %d idle session(s)", len(idle))
-        return len(idle)
-
-    async def run_reaper(self) -> None:
-        """Reap idle sessions until cancelled."""
-        while True:
-            await asyncio.sleep(min(self.idle_timeout_s / 4, 5.0))
-            await self.reap_idle()
-
-    async def close_all(self) -> None:
-        """Close every session (server shutdown), then the worker threads."""
-        sessions = list(self._sessions.values())
-        self._sessions.clear()
-        for s in sessions:
-            self._forget(s.id, "the server shut down")
-        await asyncio.gather(*(self._close(s) for s in sessions))
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
     # ---- machinery ---------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -428,80 +356,3 @@ class SessionManager:
             "metadata": metadata,
             "render_mode": env.render_mode,
         }
-
-    def _session(self, session_id: Any) -> _Session:
-        if not isinstance(session_id, str):
-            raise RequestError(400, "BadRequest", "'session_id' must be a string")
-        session = self._sessions.get(session_id)
-        if session is None or session.env is None:
-            why = self._expired.get(session_id, "no such session")
-            raise RequestError(404, "UnknownSession", f"session {session_id!r}: {why}")
-        session.last_used = time.monotonic()
-        return session
-
-    def _forget(self, session_id: str, why: str) -> None:
-        _remember(self._expired, session_id, why)
-
-    async def _once(
-        self,
-        session: _Session,
-        request_id: str | None,
-        fn: Callable[[], T],
-        body: Mapping[str, Any] | None = None,
-    ) -> T:
-        """Run ``fn`` on the session's turn; a request id seen before (with the same ``body``)
-        gets the first result."""
-        if request_id is not None and request_id in session.results:
-            seen, first = session.results[request_id]
-            check_same_request(request_id, seen, body or {})
-            return await asyncio.shield(first)
-
-        async def run() -> T:
-            async with session.lock:  # held until the thread is done, even if the caller left
-                if session.closed:
-                    raise RequestError(
-                        404, "UnknownSession", f"session {session.id!r}: closed meanwhile"
-                    )
-                try:
-                    return await self._call(fn)
-                finally:
-                    session.last_used = time.monotonic()
-
-        task = asyncio.ensure_future(run())
-        if request_id is not None:
-            session.results[request_id] = (fingerprint(body or {}), task)
-            while len(session.results) > _RESULTS_PER_SESSION:
-                session.results.popitem(last=False)
-        return await asyncio.shield(task)
-
-    async def _call(self, fn: Callable[[], T]) -> T:
-        """``fn()`` in a worker thread; what it raises becomes a :class:`RequestError`."""
-        box: list[Any] = []
-
-        def guarded() -> None:
-            try:
-                box.append(fn())
-            except BaseException as e:  # never let SystemExit & co. reach the event loop
-                box.append(as_request_error(e))
-
-        await asyncio.get_running_loop().run_in_executor(self._pool, guarded)
-        result = box[0]
-        if isinstance(result, RequestError):
-            raise result
-        return result
-
-    async def _close(self, session: _Session) -> None:
-        async with session.lock:  # after the call under way, if any
-            session.closed = True
-            if session.env is None:
-                return
-            try:
-                await self._call(session.env.close)
-            except RequestError as e:
-                logger.warning("closing session %s failed: %s", session.id, e.message)
-
-
-def _remember(memory: OrderedDict[str, str], key: str, value: str) -> None:
-    memory[key] = value
-    while len(memory) > _MEMORY:
-        memory.popitem(last=False)

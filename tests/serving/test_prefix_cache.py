@@ -361,7 +361,7 @@ def test_an_adapter_update_clears_the_cache(tiny_pair: Pair) -> None:
 def test_a_cache_that_cannot_be_reused_turns_prefix_caching_off(
     tiny_pair: Pair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("areal_agents.serving.engine.reusable", lambda cache: False)
+    monkeypatch.setattr("areal_agents.serving.engine_rows.reusable", lambda cache: False)
     prompt = tiny_pair.prompt("Write add(a, b).")
     for _ in range(3):
         a, b = (r[0] for r in tiny_pair.both(greedy(prompt, 4)))
