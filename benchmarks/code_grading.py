@@ -3,7 +3,7 @@
     python benchmarks/code_grading.py [--backends docker bubblewrap] [--grades 20] [--json PATH]
 
 Each grade is one judge round on the host, one sandbox run of the executor, and a second judge
-round that decides (see :mod:`areal_agents.rewards.code`).
+round that decides (see :mod:`areal_agents.rewards._unit_tests`).
 
 For each backend, grades in one warm sandbox (reset before each grade, as the code environment
 does): the canonical solution of procedural tasks (right), the same tasks with a wrong

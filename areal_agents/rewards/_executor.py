@@ -1,4 +1,4 @@
-"""The program that :mod:`areal_agents.rewards.code` runs inside the sandbox: it only executes.
+"""The program that :mod:`areal_agents.rewards._unit_tests` runs in the sandbox: it only executes.
 
 Its source is sent after :mod:`areal_agents.rewards._wire`'s (whose names it uses) and run with
 nothing but the standard library; the host appends one line, ``main(job)``. It knows no test

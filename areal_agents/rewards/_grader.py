@@ -9,7 +9,7 @@ workers, so that a worker's pid is never recycled while the caller may still sig
 exits, killing its workers, when the caller's end closes.
 
 A worker serves **one** grade (one job, or the rounds of one unit-test verdict: see
-:meth:`~areal_agents.rewards.isolation.GraderPool.session`) and is killed: nothing a grade does
+:meth:`~areal_agents.rewards._pool.GraderPool.session`) and is killed: nothing a grade does
 (a patched module, a poisoned cache, a thread left running) can reach the next grade, which
 runs in a fresh fork of the zygote. Before it reads its first job, a worker is confined
 (:mod:`._confine`: its own uid, no writes, no new processes, no sockets, limits) and runs the

@@ -6,7 +6,7 @@ with the solution's names bound to proxies. A proxy call whose answer is known (
 the executor's records by call id) returns a fresh plain value decoded from the wire form, or
 raises what the solution raised; a call not known yet is recorded for the next sandbox run.
 The caller repeats rounds until one needs no unknown call: that round's outcomes are the
-verdict (:mod:`areal_agents.rewards.code` has the loop).
+verdict (:mod:`areal_agents.rewards._unit_tests` has the loop).
 
 The verdict does not depend on the test file's shape:
 

@@ -1,7 +1,8 @@
 """Text from a grade that is always safe to show: never raises, always valid UTF-8.
 
-Its own module so that :mod:`areal_agents.rewards.base` and
-:mod:`areal_agents.rewards.isolation` can both use it without importing each other.
+Its own module so that :mod:`areal_agents.rewards.base` and the grading pool
+(:mod:`areal_agents.rewards._pool`, :mod:`areal_agents.rewards._protocol`) can both use it
+without importing each other.
 """
 
 from __future__ import annotations

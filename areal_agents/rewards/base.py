@@ -132,7 +132,7 @@ class FunctionReward(Reward):
         self.timeout_s = check_timeout("timeout_s", timeout_s)
         self.isolate = isolate
         if isolate:
-            from areal_agents.rewards.isolation import _reference
+            from areal_agents.rewards._protocol import _reference
 
             _reference(fn)  # fails now, not at the first grade, when fn cannot be isolated
             self.acall_slack_s = 5.0

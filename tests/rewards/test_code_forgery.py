@@ -16,8 +16,8 @@ import pytest
 from areal_agents.envs.tasks.code import ProceduralCodeTasks, humaneval_tasks
 from areal_agents.rewards import UnitTestReward, UnitTests
 from areal_agents.rewards._judge import JudgeSpec, judge_round
+from areal_agents.rewards._unit_tests import _read
 from areal_agents.rewards._wire import MAX_DEPTH, Unsendable, decode, dumps, encode
-from areal_agents.rewards.code import _read
 from areal_agents.sandboxes import BaseSandbox, ExecResult, make_sandbox
 from tests.rewards._forgeries import FORGERIES
 
