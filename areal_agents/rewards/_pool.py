@@ -4,8 +4,8 @@ The pool starts the zygote (:func:`~areal_agents.rewards._protocol.launch_zygote
 workers (one fetched ahead while a job runs), gives each grade a fresh worker, waits at most a
 job's time limit for its reply and kills the worker when none comes in time. How the zygote,
 the workers and the limits fit together is in :mod:`.isolation`; the wire (a job's name, the
-allow-listed reading of a reply) and :class:`~areal_agents.rewards._protocol.GradingSession`
-are in :mod:`._protocol`.
+allow-listed reading of a reply) is in :mod:`._protocol`. :class:`GradingSession` holds one
+grade's jobs in one worker of a pool.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from areal_agents.rewards._protocol import (
     MAX_REPLY_BYTES,
     GraderUnavailable,
     GradingFailed,
-    GradingSession,
     _healthy_after,
     _load_reply,
     _Raised,
@@ -39,7 +38,7 @@ from areal_agents.rewards._protocol import (
 )
 from areal_agents.rewards._safe_text import error_text
 
-__all__ = ["GraderPool"]
+__all__ = ["GraderPool", "GradingSession"]
 
 T = TypeVar("T")
 
@@ -386,3 +385,35 @@ class GraderPool:
         if not isinstance(value, Exception):  # SystemExit, KeyboardInterrupt: not ours to raise
             raise GradingFailed(f"{name} raised {error_text(value)}") from None
         raise _Raised(kept, value)
+
+
+class GradingSession:
+    """The jobs of one grade in one worker (see :meth:`GraderPool.session`)."""
+
+    def __init__(self, pool: GraderPool) -> None:
+        self.pool = pool
+        self._worker: _Worker | None = None
+
+    def run(self, fn: Callable[..., T], *args: Any, timeout_s: float, **kwargs: Any) -> T:
+        """As :meth:`GraderPool.run`, in this grade's worker (a fresh one after a failure)."""
+        try:
+            self._worker, value = self.pool._call(self._worker, fn, args, kwargs, timeout_s)
+        except _Raised as raised:
+            self._worker = raised.worker
+            raise raised.error from None
+        except BaseException:
+            self._worker = None  # discarded with the failure
+            raise
+        return value
+
+    def close(self) -> None:
+        """Discard the worker: nothing of this grade reaches another."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            self.pool._discard(worker)
+
+    def __enter__(self) -> GradingSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -12,11 +12,12 @@
   (``_load_reply``): a worker that model text took over cannot make the caller run anything
   by what it sends back; its values reach messages only through ``_shown``, which never
   raises;
-* **the jobs of one grade** run in one worker (:class:`GradingSession`);
 * **the errors** of a grade that could not be had: :class:`GraderUnavailable` (an
   infrastructure fault) and :class:`GradingFailed` (caused by the input).
 
-:class:`~areal_agents.rewards._pool.GraderPool` drives them; :mod:`.isolation` has the overview.
+:class:`~areal_agents.rewards._pool.GraderPool` drives them (and runs one grade's jobs in one
+worker, :class:`~areal_agents.rewards._pool.GradingSession`); :mod:`.isolation` has the
+overview.
 """
 
 from __future__ import annotations
@@ -34,25 +35,19 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from areal_agents.errors import ConfigError, InfrastructureError
 from areal_agents.rewards._grader import _resolve
 from areal_agents.rewards._safe_text import safe_text
-
-if TYPE_CHECKING:
-    from areal_agents.rewards._pool import GraderPool
 
 __all__ = [
     "DEFAULT_PRELOAD",
     "MAX_REPLY_BYTES",
     "GraderUnavailable",
     "GradingFailed",
-    "GradingSession",
     "launch_zygote",
 ]
-
-T = TypeVar("T")
 
 #: Modules every zygote imports (and warms) before it says it is ready.
 DEFAULT_PRELOAD = ("areal_agents.rewards.math",)
@@ -225,37 +220,3 @@ class _Raised(Exception):
     def __init__(self, worker: _Worker | None, error: Exception) -> None:
         super().__init__(error)
         self.worker, self.error = worker, error
-
-
-class GradingSession:
-    """The jobs of one grade in one worker (see
-    :meth:`~areal_agents.rewards._pool.GraderPool.session`)."""
-
-    def __init__(self, pool: GraderPool) -> None:
-        self.pool = pool
-        self._worker: _Worker | None = None
-
-    def run(self, fn: Callable[..., T], *args: Any, timeout_s: float, **kwargs: Any) -> T:
-        """As :meth:`~areal_agents.rewards._pool.GraderPool.run`, in this grade's worker (a fresh
-        one after a failure)."""
-        try:
-            self._worker, value = self.pool._call(self._worker, fn, args, kwargs, timeout_s)
-        except _Raised as raised:
-            self._worker = raised.worker
-            raise raised.error from None
-        except BaseException:
-            self._worker = None  # discarded with the failure
-            raise
-        return value
-
-    def close(self) -> None:
-        """Discard the worker: nothing of this grade reaches another."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            self.pool._discard(worker)
-
-    def __enter__(self) -> GradingSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

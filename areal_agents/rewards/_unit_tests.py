@@ -59,8 +59,7 @@ from typing import Any
 
 from areal_agents.errors import InfrastructureError, RewardTimeout
 from areal_agents.rewards._judge import Call, JudgeSpec, Round, judge_round
-from areal_agents.rewards._pool import GraderPool
-from areal_agents.rewards._protocol import GradingSession
+from areal_agents.rewards._pool import GraderPool, GradingSession
 from areal_agents.rewards._safe_text import error_text, safe_text
 from areal_agents.rewards._wire import dumps
 from areal_agents.rewards.isolation import named_pool

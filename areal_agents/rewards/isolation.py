@@ -26,11 +26,12 @@ infrastructure error. Workers die with the zygote (parent-death signal), and the
 when this process closes its end of the control socket, or dies.
 
 Where the parts live: :mod:`._pool` holds :class:`GraderPool` (the caller's side: starting the
-zygote, forking and killing workers, the time limits), :mod:`._protocol` the wire between them
-(launching the zygote with a scrubbed environment, a job's name, the allow-listed unpickling of
-a reply, :class:`GradingSession`), :mod:`._grader` the zygote and the workers themselves, and
-:mod:`._confine` what a worker gives up before it reads its job (its own uid, no capabilities,
-no new privileges, a seccomp filter, limits, an empty directory it cannot write to).
+zygote, forking and killing workers, the time limits, one grade's :class:`GradingSession`),
+:mod:`._protocol` the wire between them (launching the zygote with a scrubbed environment, a
+job's name, the allow-listed unpickling of a reply), :mod:`._grader` the zygote and the workers
+themselves, and :mod:`._confine` what a worker gives up before it reads its job (its own uid,
+no capabilities, no new privileges, a seccomp filter, limits, an empty directory it cannot
+write to).
 
 >>> run_isolated(pow, 2, 10, timeout_s=30)
 1024
@@ -49,13 +50,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from areal_agents.rewards._grader import warm_up
-from areal_agents.rewards._pool import GraderPool
-from areal_agents.rewards._protocol import (
-    DEFAULT_PRELOAD,
-    GraderUnavailable,
-    GradingFailed,
-    GradingSession,
-)
+from areal_agents.rewards._pool import GraderPool, GradingSession
+from areal_agents.rewards._protocol import DEFAULT_PRELOAD, GraderUnavailable, GradingFailed
 from areal_agents.rewards._protocol import MAX_REPLY_BYTES as MAX_REPLY_BYTES
 
 __all__ = [
