@@ -31,7 +31,6 @@ import dataclasses
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -67,6 +66,7 @@ from areal_agents.trainers.loop_helpers import (
     reserve,
     save_checkpoint,
     shutdown,
+    start_workers,
     wait_for_batch,
 )
 from areal_agents.trainers.lora import serving_setup
@@ -87,7 +87,6 @@ from areal_agents.trainers.placement import (
 )
 from areal_agents.trainers.report import refresh_report
 from areal_agents.trainers.runtime import (
-    RolloutWorkerActor,
     choose_run_dir,
     remote_class,
     save_config,
@@ -462,44 +461,3 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
             sync.close()  # the weights it staged in shared memory (weight_sync=object_store)
         shutdown(workers, runs, learners, servers, started_ray, placement)
         stop.uninstall()
-
-
-# ---- helpers the loop names ----------------------------------------------------------------
-
-
-def start_workers(
-    cfg: TrainConfig,
-    servers: list[Any],
-    model_dir: Path,
-    buffer: Any,
-    exclude_task_ids: frozenset[str] = frozenset(),
-    chat_template: str | None = None,
-    model: str = "policy",
-    placement: Placement | None = None,
-    only: tuple[int, int, list[str]] | None = None,
-) -> list[Any]:
-    """The rollout workers (Ray actors, each in its bundle of ``placement``) on ``servers``;
-    each applies ``chat_template`` on its own node. ``only=(index, incarnation, urls)``: that
-    one worker, on the servers at ``urls`` (a restart)."""
-    urls = [str(s.base_url) for s in servers]
-    todo = [only] if only else [(i, 0, urls) for i in range(cfg.trainer.rollout_workers)]
-    actor = remote_class(RolloutWorkerActor)
-    return [
-        actor.options(
-            max_concurrency=16,
-            **(placement.options("rollout_worker", i) if placement else {}),
-        ).remote(
-            env=cfg.env,
-            inference=cfg.inference,
-            base_urls=worker_urls,
-            model_dir=str(model_dir),
-            served_name=model,
-            buffer=buffer,
-            worker_id=i,
-            max_concurrent_groups=cfg.trainer.concurrent_groups,
-            exclude_task_ids=exclude_task_ids,
-            chat_template=chat_template,
-            incarnation=incarnation,
-        )
-        for i, incarnation, worker_urls in todo
-    ]

@@ -1,4 +1,5 @@
-"""The training loop's helpers: checks before the start, the batch wait, checkpoints, the end.
+"""The training loop's helpers: checks before the start, the rollout workers, the batch wait,
+checkpoints, the end.
 
 Kept apart from ``loop.py`` so that :func:`~areal_agents.trainers.loop.train` reads as the
 algorithm; each helper is named there where it is used.
@@ -21,7 +22,12 @@ from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.inference import server_alive, stop_servers
 from areal_agents.trainers.learner_group import LearnerGroup
 from areal_agents.trainers.placement import Placement
-from areal_agents.trainers.runtime import stop_ray, stop_workers
+from areal_agents.trainers.runtime import (
+    RolloutWorkerActor,
+    remote_class,
+    stop_ray,
+    stop_workers,
+)
 from areal_agents.trainers.step_records import waiting_postfix
 from areal_agents.trainers.stop import GracefulStop, over
 from areal_agents.trainers.supervisor import Supervisor
@@ -35,6 +41,7 @@ __all__ = [
     "reserve",
     "save_checkpoint",
     "shutdown",
+    "start_workers",
     "wait_for_batch",
 ]
 
@@ -162,3 +169,41 @@ def shutdown(
         placement.remove()
     if started_ray:
         stop_ray()
+
+
+def start_workers(
+    cfg: TrainConfig,
+    servers: list[Any],
+    model_dir: Path,
+    buffer: Any,
+    exclude_task_ids: frozenset[str] = frozenset(),
+    chat_template: str | None = None,
+    model: str = "policy",
+    placement: Placement | None = None,
+    only: tuple[int, int, list[str]] | None = None,
+) -> list[Any]:
+    """The rollout workers (Ray actors, each in its bundle of ``placement``) on ``servers``;
+    each applies ``chat_template`` on its own node. ``only=(index, incarnation, urls)``: that
+    one worker, on the servers at ``urls`` (a restart)."""
+    urls = [str(s.base_url) for s in servers]
+    todo = [only] if only else [(i, 0, urls) for i in range(cfg.trainer.rollout_workers)]
+    actor = remote_class(RolloutWorkerActor)
+    return [
+        actor.options(
+            max_concurrency=16,
+            **(placement.options("rollout_worker", i) if placement else {}),
+        ).remote(
+            env=cfg.env,
+            inference=cfg.inference,
+            base_urls=worker_urls,
+            model_dir=str(model_dir),
+            served_name=model,
+            buffer=buffer,
+            worker_id=i,
+            max_concurrent_groups=cfg.trainer.concurrent_groups,
+            exclude_task_ids=exclude_task_ids,
+            chat_template=chat_template,
+            incarnation=incarnation,
+        )
+        for i, incarnation, worker_urls in todo
+    ]

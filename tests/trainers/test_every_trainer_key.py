@@ -263,7 +263,7 @@ def test_rollout_workers_and_concurrent_groups_shape_the_workers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from areal_agents.config import load_config
-    from areal_agents.trainers import loop
+    from areal_agents.trainers import loop, loop_helpers
 
     made: list[dict[str, Any]] = []
 
@@ -275,7 +275,7 @@ def test_rollout_workers_and_concurrent_groups_shape_the_workers(
             made.append(kwargs)
             return kwargs
 
-    monkeypatch.setattr(loop, "remote_class", lambda cls: FakeActor())
+    monkeypatch.setattr(loop_helpers, "remote_class", lambda cls: FakeActor())
     cfg = load_config(
         TrainConfig,
         ["env=calculator", "trainer.rollout_workers=3", "trainer.max_concurrent_groups=5"],
