@@ -16,6 +16,7 @@ configuration without starting anything. Re-running the same command after an in
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,6 +92,19 @@ _HELP_FLAGS = (
 )
 
 
+#: Run directories this command made itself (Hydra writes ``.hydra/`` into a run's directory
+#: before the job starts): a run refused before it started leaves none of them behind.
+_MADE_DIRS: set[Path] = set()
+
+
+def _forget_refused_run() -> None:
+    """Remove the run directories this command made, where they hold nothing but Hydra's
+    ``.hydra/`` record (or nothing): the run was refused before it wrote anything of its own."""
+    for directory in _MADE_DIRS:
+        if directory.is_dir() and all(p.name == ".hydra" for p in directory.iterdir()):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 def _job(cfg: TrainConfig) -> dict[str, object]:
     """One training job (inside Hydra's launcher): refuse what would fail, then train."""
     try:
@@ -107,6 +121,7 @@ def _job(cfg: TrainConfig) -> dict[str, object]:
     try:
         summary = train(cfg)
     except ConfigError as e:
+        _forget_refused_run()
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except AgentsError as e:
@@ -152,12 +167,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             return
         configs = cli.job_configs(command)
         cli.check_sweep_dirs(command, configs)
+        _MADE_DIRS.update(Path(c.run_dir()) for c in configs if not Path(c.run_dir()).exists())
         for cfg in configs:  # a single run's directory is made now: Hydra writes .hydra/ there
             preflight(cfg, create_dirs=not (command.check or command.multirun))
         # a sweep job's directory is its own (hydra.sweep.dir/<job>), not the default one
         done = [None if command.multirun and not c.output_dir else finished_run(c) for c in configs]
         run_dir = None if command.multirun else str(choose_run_dir(configs[0])[0])
+        if run_dir is not None and not Path(run_dir).exists():
+            _MADE_DIRS.add(Path(run_dir))
     except AgentsError as e:
+        _forget_refused_run()
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if command.check:

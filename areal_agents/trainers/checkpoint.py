@@ -88,10 +88,13 @@ def load_rng(path: str | os.PathLike[str]) -> None:
 class CheckpointManager:
     """Numbered checkpoint directories under ``root``, committed by rename."""
 
-    def __init__(self, root: str | os.PathLike[str], keep: int = 2) -> None:
+    def __init__(self, root: str | os.PathLike[str], keep: int = 2, *, create: bool = True) -> None:
+        """``create=False``: only read what is there (a missing ``root`` holds no checkpoint),
+        as when a run directory is looked at before the run is accepted."""
         self.root = Path(root)
         self.keep = max(1, keep)
-        self.root.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
 
     def clean_partial(self) -> list[Path]:
         """Remove temporary directories left by a killed run; returns what was removed."""
@@ -124,6 +127,8 @@ class CheckpointManager:
 
     def all(self) -> list[Path]:
         """Committed checkpoints, oldest first."""
+        if not self.root.is_dir():
+            return []
         found = [p for p in self.root.iterdir() if p.is_dir() and _NAME.match(p.name)]
         return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
 

@@ -207,7 +207,7 @@ def choose_run_dir(cfg: TrainConfig) -> tuple[Path, Path | None]:
             run_dir = base if i == 1 else base.with_name(f"{base.name}-{i}")
             if not _finished(run_dir, total):
                 break
-    ckpt = CheckpointManager(run_dir / "checkpoints").latest() if run_dir.exists() else None
+    ckpt = CheckpointManager(run_dir / "checkpoints", create=False).latest()
     if ckpt is None:
         return run_dir, None
     if cfg.trainer.resume == "never":

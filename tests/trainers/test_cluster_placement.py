@@ -143,6 +143,9 @@ def test_the_command_refuses_a_run_its_own_instance_cannot_hold_before_ray_start
     assert "does not fit the Ray instance (ray.placement_strategy=PACK)" in message
     assert "in all: CPU 3" in message and "(this machine): CPU 1 of 1" in message
     assert "ray.actor_cpus" in message and "ray.num_cpus" in message
+    # nothing left behind: no run directory (Hydra's .hydra/, an empty checkpoints/) to clutter
+    # runs/ or to shadow the default directory of the next run
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_object_store_is_sized_from_the_model_or_a_small_one_is_refused() -> None:
