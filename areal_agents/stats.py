@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 __all__ = [
+    "MIN_FAMILIES",
     "PairedComparison",
     "compare_paired",
     "mcnemar_p",
@@ -178,6 +179,10 @@ class PairedComparison:
 
 _Task = TypeVar("_Task", bound=Hashable)
 
+#: Fewest families for which :func:`compare_paired` resamples families: a bootstrap over a
+#: handful of clusters misstates the spread (three families give three values to draw from).
+MIN_FAMILIES = 10
+
 
 def compare_paired(
     before: Mapping[_Task, bool],
@@ -190,9 +195,9 @@ def compare_paired(
     by either measurement is left out of the pairs).
 
     ``families``: ``{task: family}`` (e.g. the template a task was drawn from; a task it does
-    not name is a family of its own). Where some family holds several of the pairs, the result
-    also carries the cluster bootstrap's interval (:attr:`PairedComparison.family_ci95_points`).
-    """
+    not name is a family of its own). Where some family holds several of the pairs and there
+    are at least :data:`MIN_FAMILIES` families, the result also carries the cluster bootstrap's
+    interval (:attr:`PairedComparison.family_ci95_points`)."""
     keys = sorted(set(before) & set(after), key=repr)
     if not keys:
         raise ValueError("the two measurements share no task")
@@ -205,7 +210,7 @@ def compare_paired(
     labels = [(0, families[k]) if families and k in families else (1, k) for k in keys]
     k_families = len(set(labels))
     family_ci = None
-    if k_families < n:  # some family holds several tasks: resample whole families too
+    if MIN_FAMILIES <= k_families < n:  # families of several tasks: resample them whole
         flo, fhi = paired_bootstrap(b, a, clusters=labels, seed=seed)
         family_ci = (100 * flo, 100 * fhi)
     return PairedComparison(

@@ -67,10 +67,10 @@ def test_by_variant_sums_the_seeds_of_each_variant() -> None:
 
 def test_rescore_recomputes_each_comparison_by_family_from_the_runs(tmp_path: Path) -> None:
     seed_dir = tmp_path / "code_sandbox-seed0"
-    ids = [f"gen/t{i % 4}/{i}" for i in range(16)]
+    ids = [f"gen/t{i % 12}/{i}" for i in range(48)]
     for where, solved in (
-        ("before", [False] * 16),
-        ("real/eval/after", [i % 4 == 0 for i in range(16)]),
+        ("before", [False] * 48),
+        ("real/eval/after", [i % 12 < 3 for i in range(48)]),
     ):
         (seed_dir / where).mkdir(parents=True)
         rows = [
@@ -82,7 +82,7 @@ def test_rescore_recomputes_each_comparison_by_family_from_the_runs(tmp_path: Pa
     stored = [entry("real", 0, 99.0, 0, 0), entry("gone", 0, 1.0, 1, 0)]  # gone: no runs
     got = rl_gain.rescore(stored, tmp_path)
     real = got[0]["held_out"]
-    assert (real["improved"], real["gain_points"], real["families"]) == (4, 25.0, 4)
+    assert (real["improved"], real["gain_points"], real["families"]) == (12, 25.0, 12)
     assert real["family_ci95_points"][0] < real["ci95_points"][0]
     assert got[1] == stored[1]  # kept as it was
-    assert "| 4 / 0 |" in rl_gain.table(got[:1]) and "(4) |" in rl_gain.table(got[:1])
+    assert "| 12 / 0 |" in rl_gain.table(got[:1]) and "(12) |" in rl_gain.table(got[:1])
