@@ -60,10 +60,12 @@ class TrainerConfig:
     same machinery with staleness 0 (generate, train, push, repeat) — the baseline."""
     max_staleness: int | None = None
     """Versions a token may lag the weights it trains (None: 2 in async, 0 in sync). 2 is the
-    bound the main command's RL gain was measured at (``benchmarks/README.md`` section 12). At 4,
-    the fair async benchmark (section 13: 3 seeds, 128 held-out tasks, lr 2e-5) matched sync in
-    3 runs of 4 and lost 40.6 points in the fourth (seed 2, whose repeat matched): 4 is not yet
-    a measured-safe default."""
+    bound the main command's RL gain was measured at (``benchmarks/README.md`` section 12). On
+    the fair async benchmark (section 13: 3 seeds, 128 held-out tasks) at the recipe's lr 1e-5,
+    staleness 4 matched sync within 3 points on every seed (+0.8, -2.3, +0.8) and so did 8
+    (+0.8, +0.0, +0.8); at lr 2e-5, staleness 4 lost 40.6 points in 1 run of 4. The default
+    stays 2: on 2 cores the larger bounds bought no reliable speed (0.8x-1.4x of sync's
+    tokens/s)."""
     total_steps: int = 4
     """Optimizer steps (= weight versions) of the run."""
     groups_per_step: int = 2
