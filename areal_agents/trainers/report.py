@@ -135,17 +135,16 @@ def _interval(value: Any) -> list[float] | None:
     points when a bound exceeds 1), or None."""
     if isinstance(value, Mapping):
         value = [value.get("low", value.get("lo")), value.get("high", value.get("hi"))]
-    if not isinstance(value, list | tuple) or len(value) != 2:
+    bounds = _points(value)
+    if bounds is None:
         return None
-    if not all(isinstance(v, int | float) and math.isfinite(v) for v in value):
-        return None
-    low, high = float(value[0]), float(value[1])
-    scale = 100.0 if max(abs(low), abs(high)) > 1 else 1.0
-    return [low / scale, high / scale]
+    scale = 100.0 if max(map(abs, bounds)) > 1 else 1.0
+    return [bound / scale for bound in bounds]
 
 
 def _points(value: Any) -> list[float] | None:
-    """A ``[low, high]`` interval already in points, or None."""
+    """A ``[low, high]`` pair of finite numbers as floats (an interval in whatever unit it was
+    written in: the paired changes' are in points), or None."""
     if not isinstance(value, list | tuple) or len(value) != 2:
         return None
     if not all(isinstance(v, int | float) and math.isfinite(v) for v in value):
