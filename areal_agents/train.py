@@ -157,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from areal_agents.trainers.runtime import choose_run_dir
 
     args = list(sys.argv[1:] if argv is None else argv)
+    _MADE_DIRS.clear()  # this command's own: not those of an earlier call in this process
     try:
         command = cli.parse(TrainConfig, args)
         if command.help:
