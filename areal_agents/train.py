@@ -101,8 +101,20 @@ def _forget_refused_run() -> None:
     """Remove the run directories this command made, where they hold nothing but Hydra's
     ``.hydra/`` record (or nothing): the run was refused before it wrote anything of its own."""
     for directory in _MADE_DIRS:
-        if directory.is_dir() and all(p.name == ".hydra" for p in directory.iterdir()):
-            shutil.rmtree(directory, ignore_errors=True)
+        try:
+            if directory.is_dir() and all(p.name == ".hydra" for p in directory.iterdir()):
+                shutil.rmtree(directory, ignore_errors=True)
+        except OSError:  # a name the system cannot look up was never made
+            continue
+
+
+def _absent(path: Path) -> bool:
+    """Whether ``path`` does not exist yet; a name the system cannot even look up (too long,
+    say) counts as present: the command does not make it, and the preflight says why."""
+    try:
+        return not path.exists()
+    except OSError:
+        return False
 
 
 def _job(cfg: TrainConfig) -> dict[str, object]:
@@ -168,13 +180,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             return
         configs = cli.job_configs(command)
         cli.check_sweep_dirs(command, configs)
-        _MADE_DIRS.update(Path(c.run_dir()) for c in configs if not Path(c.run_dir()).exists())
+        _MADE_DIRS.update(Path(c.run_dir()) for c in configs if _absent(Path(c.run_dir())))
         for cfg in configs:  # a single run's directory is made now: Hydra writes .hydra/ there
             preflight(cfg, create_dirs=not (command.check or command.multirun))
         # a sweep job's directory is its own (hydra.sweep.dir/<job>), not the default one
         done = [None if command.multirun and not c.output_dir else finished_run(c) for c in configs]
         run_dir = None if command.multirun else str(choose_run_dir(configs[0])[0])
-        if run_dir is not None and not Path(run_dir).exists():
+        if run_dir is not None and _absent(Path(run_dir)):
             _MADE_DIRS.add(Path(run_dir))
     except AgentsError as e:
         _forget_refused_run()
