@@ -69,6 +69,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from areal_agents.config_errors import _is_dataclass_type, config_error
 from areal_agents.config_values import (
     _hints,
     _walk_strings,
@@ -82,7 +83,7 @@ from areal_agents.config_values import (
     to_dict,
     writable_dir,
 )
-from areal_agents.errors import ConfigError, did_you_mean
+from areal_agents.errors import ConfigError
 
 if typing.TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -123,10 +124,6 @@ def group_fields(cls: type) -> dict[str, type]:
         for f in dataclasses.fields(cls)
         if _is_dataclass_type(hints[f.name]) and hasattr(hints[f.name], "from_name")
     }
-
-
-def _is_dataclass_type(tp: Any) -> bool:
-    return dataclasses.is_dataclass(tp) and isinstance(tp, type)
 
 
 def _option(name: str) -> str:
@@ -459,42 +456,6 @@ def build(cls: type[T], node: Any) -> T:
     assert isinstance(data, dict)
     data.pop("hydra", None)
     return from_dict(cls, {str(k): v for k, v in data.items()})
-
-
-def config_error(error: BaseException, cls: type) -> ConfigError:
-    """A Hydra or OmegaConf ``error`` as a :class:`ConfigError` that names the key."""
-    text = str(error).strip()
-    first = text.splitlines()[0] if text else type(error).__name__
-    full_key = getattr(error, "full_key", None)
-    if first.startswith("Could not override '"):
-        key = first.split("'")[1]
-        return ConfigError(_unknown_key(cls, key) or first)
-    override = getattr(error, "override", None)
-    if isinstance(override, str):  # hydra.errors.OverrideParseException
-        return ConfigError(
-            f"override {override!r} must look like key=value (e.g. trainer.total_steps=10): {first}"
-        )
-    if first.startswith("Ambiguous value for argument"):
-        return ConfigError(f"{first}: quote it, write a list [a,b], or sweep it with -m")
-    if first.startswith("In '") and "Could not find" in text:
-        return ConfigError(" ".join(line.strip() for line in text.splitlines()[:4] if line))
-    if full_key:
-        return ConfigError(f"{full_key}: {first}")
-    return ConfigError(first)
-
-
-def _unknown_key(cls: type, key: str) -> str | None:
-    tp: Any = cls
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        names = [f.name for f in dataclasses.fields(tp)] if _is_dataclass_type(tp) else []
-        if part not in names:
-            if not names:
-                return None
-            scope = f" in {'.'.join(parts[:i])!r}" if i else ""
-            return f"unknown config key {key!r}{scope}" + did_you_mean(part, names)
-        tp = _hints(tp)[part]
-    return None
 
 
 def split_files(argv: Sequence[str]) -> tuple[list[str], list[str]]:
