@@ -13,11 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,36 +26,11 @@ import pytest
 from areal_agents.errors import ConfigError
 from areal_agents.files import read_jsonl as _read_jsonl
 from areal_agents.train import main
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY = [
-    "env=calculator",
-    "model=tiny",
-    "env.group_size=2",
-    "trainer.groups_per_step=2",
-    "inference.max_tokens=8",
-    "log.progress=false",
-    "log.tensorboard=false",
-    "ray.num_cpus=2",
-    "eval.held_out_tasks=0",
-]
+from tests._train_run import TINY, run
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return _read_jsonl(path, torn_ok=True)
-
-
-def run(
-    args: list[str], env: dict[str, str] | None = None, **kwargs: object
-) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.Popen(
-        [sys.executable, "-m", "areal_agents.train", *args],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        **kwargs,  # type: ignore[arg-type]
-    )
 
 
 def _running(pid: int, created: float) -> bool:
@@ -80,74 +53,6 @@ def batches(run_dir: Path) -> list[tuple[list[int], list[str]]]:
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     return [(r["batch/task_indices"], r["batch/traj_ids"]) for r in rows]
-
-
-def test_bad_keys_fail_at_start_with_the_key_and_fix(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(["trainer.max_stalenes=3"])
-    assert e.value.code == 2
-    assert "did you mean 'max_staleness'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["trainer.mode=sync", "trainer.max_staleness=2"])
-    assert "sync mode trains with staleness 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["algo=grpo", "env.group_size=1"])
-    assert "env.group_size" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["env=nosuchns/Nope-v0"], r"env='nosuchns/Nope-v0': Namespace nosuchns not found"),
-        (["env=nosuchmodule:Env-v0"], r"env='nosuchmodule:Env-v0': cannot import module"),
-        (
-            ["env=calculator", "env.kwargs={bogus: 1}"],
-            r"env\.kwargs: CalculatorEnv got an unknown option 'bogus'",
-        ),
-        (["output_dir=/proc/nope"], r"output_dir=/proc/nope: cannot write there"),
-        (["trainer.rollout_workers=0"], r"trainer\.rollout_workers=0: must be at least 1"),
-        (["trainer.learner_ranks=0"], r"trainer\.learner_ranks=0: must be at least 1"),
-        (["inference.temperature=nan"], r"inference\.temperature=nan: must be a finite"),
-        (["inference.request_timeout_s=-1"], r"inference\.request_timeout_s=-1\.0: a duration"),
-    ],
-)
-def test_bad_values_are_refused_before_ray_or_a_server_starts(
-    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import ray
-
-    with pytest.raises(SystemExit) as e:
-        main([*TINY, *extra])
-    assert e.value.code == 2
-    out = capsys.readouterr()
-    assert re.match(rf"error: .*{message}", out.err) and "Traceback" not in out.err
-    assert "run directory" not in out.out  # the loop never began: no Ray, no server
-    assert not ray.is_initialized()
-
-
-def test_the_train_command_refuses_zero_rollout_workers_without_starting_ray() -> None:
-    proc = run(["trainer.rollout_workers=0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 2
-    assert err.decode().startswith("error: trainer.rollout_workers=0: must be at least 1")
-    assert b"Traceback" not in err and b"run directory" not in out
-
-
-def test_resume_refuses_a_different_run(tmp_path: Path) -> None:
-    from areal_agents.config import load_config
-    from areal_agents.trainers.config import TrainConfig
-    from areal_agents.trainers.runtime import choose_run_dir, save_config
-
-    out = f"output_dir={tmp_path}"
-    cfg = load_config(TrainConfig, [*TINY, out])
-    save_config(cfg, tmp_path)
-    (tmp_path / "checkpoints" / "step_000001").mkdir(parents=True)
-    assert choose_run_dir(cfg)[1] == tmp_path / "checkpoints" / "step_000001"
-    other = load_config(TrainConfig, [*TINY, out, "env.group_size=3"])
-    with pytest.raises(ConfigError, match=r"env\.group_size"):
-        choose_run_dir(other)
-    with pytest.raises(ConfigError, match=r"trainer\.resume=never"):
-        choose_run_dir(load_config(TrainConfig, [*TINY, out, "trainer.resume=never"]))
 
 
 @pytest.mark.integration
@@ -413,23 +318,6 @@ def test_a_finished_run_says_so_and_exits_without_starting_anything(
         assert finished_run(load_config(TrainConfig, args)) is None
         with pytest.raises(AssertionError, match="training started"):
             main(args)
-
-
-def test_help_names_config_files_and_check(capsys: pytest.CaptureFixture[str]) -> None:
-    main(["--help"])
-    out = capsys.readouterr().out
-    assert "config=FILE.yaml" in out and "--check" in out and "trainer.total_steps=" in out
-
-
-def test_check_validates_and_starts_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import ray
-
-    main([*TINY, f"output_dir={tmp_path / 'run'}", "--check"])
-    out = capsys.readouterr().out
-    assert "configuration OK (nothing started)" in out and "group_size: 2" in out
-    assert not ray.is_initialized() and not (tmp_path / "run").exists()  # nothing created
 
 
 @pytest.mark.integration
