@@ -31,6 +31,8 @@ from areal_agents.envs.remote import RemoteEnv
 from areal_agents.envs.serve import WS_MAX_PENDING, EnvServer
 from areal_agents.envs.wire import API_KEY_ENV
 from areal_agents.errors import ConfigError
+from tests.envs._serve_client import address as server_address
+from tests.envs._serve_client import closed_by_server, post
 
 register_builtin_envs()
 KEY = "k3y-for-the-tests"
@@ -53,37 +55,6 @@ class Hostile(MultiTurnEnv):
 
 if "test_serve_hostile/Hostile-v0" not in gym.registry:
     gym.register(id="test_serve_hostile/Hostile-v0", entry_point=Hostile)
-
-
-def _address(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").split(":")
-    return host, int(port)
-
-
-def post(
-    url: str, op: str, body: Any = None, raw: bytes | None = None, headers: Any = None
-) -> tuple[int, Any]:
-    conn = http.client.HTTPConnection(*_address(url), timeout=30)
-    try:
-        data = raw if raw is not None else json.dumps(body or {}).encode()
-        conn.request("POST", f"/{op}", body=data, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
-
-
-def closed_by_server(sock: socket.socket, within_s: float) -> bool:
-    """Whether the server closes ``sock`` within ``within_s`` (reads until EOF or reset)."""
-    sock.settimeout(within_s)
-    try:
-        while sock.recv(65536):
-            pass
-        return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
 
 
 @pytest.fixture
@@ -180,7 +151,7 @@ def test_every_route_needs_the_key_and_health_shows_only_its_status() -> None:
             {"X-Api-Key": KEY},
         ):
             assert post(url, "reset", {}, headers=headers)[0] == 401, headers
-        conn = http.client.HTTPConnection(*_address(url), timeout=30)
+        conn = http.client.HTTPConnection(*server_address(url), timeout=30)
         tricks = [("POST", "//reset"), ("POST", "/reset/"), ("GET", "/reset"), ("POST", "/health")]
         for method, path in [*tricks, ("HEAD", "/health/"), ("OPTIONS", "/reset")]:
             conn.request(method, path, body=b"{}")
@@ -234,13 +205,13 @@ def test_a_body_past_the_limit_is_refused_while_it_streams() -> None:
     limit = 64 << 10
     with EnvServer("calculator", max_request_bytes=limit) as server:
         head = b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        with socket.create_connection(_address(server.url), timeout=10) as sock:
+        with socket.create_connection(server_address(server.url), timeout=10) as sock:
             sock.sendall(head + b"Content-Length: 1258291200\r\n\r\n")  # 1.2 GB declared
             assert sock.recv(65536).startswith(b"HTTP/1.1 413")
             assert closed_by_server(sock, 5)
         chunk = b"%x\r\n%s\r\n" % (1 << 16, b"a" * (1 << 16))
         sent, total = 0, 128 << 20
-        with socket.create_connection(_address(server.url), timeout=10) as sock:
+        with socket.create_connection(server_address(server.url), timeout=10) as sock:
             sock.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n")
             with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
                 while sent < total:
@@ -253,7 +224,7 @@ def test_a_body_past_the_limit_is_refused_while_it_streams() -> None:
 def test_half_open_and_trickling_connections_are_closed() -> None:
     """M4: 3000 connections with unfinished heads were all still open after 30 s."""
     with EnvServer("calculator", request_timeout_s=0.5, keep_alive_s=1.0) as server:
-        address = _address(server.url)
+        address = server_address(server.url)
         partial = []
         for _ in range(20):
             sock = socket.create_connection(address, timeout=5)
@@ -404,7 +375,7 @@ def test_clients_that_leave_mid_step_leave_a_usable_session_and_no_process() -> 
         task = {"options": {"task_id": "gen/add/7"}}
         sids = [post(server.url, "reset", task)[1]["session_id"] for _ in range(4)]
         for i, sid in enumerate(sids):
-            conn = http.client.HTTPConnection(*_address(server.url), timeout=0.3)
+            conn = http.client.HTTPConnection(*server_address(server.url), timeout=0.3)
             with contextlib.suppress(TimeoutError):
                 body = {"session_id": sid, "action": sleep(1 if i == 0 else 50)}
                 conn.request("POST", "/step", body=json.dumps(body))
@@ -442,7 +413,7 @@ def test_clients_that_leave_mid_step_leave_a_usable_session_and_no_process() -> 
 )
 def test_malformed_requests_are_answered_4xx(calc: EnvServer, name: str, raw: bytes) -> None:
     if name == "content_length_lie":
-        with socket.create_connection(_address(calc.url), timeout=10) as sock:
+        with socket.create_connection(server_address(calc.url), timeout=10) as sock:
             sock.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
             assert sock.recv(65536).startswith(b"HTTP/1.1 400")
         return
