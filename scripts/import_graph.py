@@ -23,7 +23,7 @@ PACKAGE = ROOT / "areal_agents"
 #: and lower layers; never a higher one. ``areal_agents`` itself is its ``__init__``.
 LAYERS: list[list[str]] = [
     ["errors", "types", "net", "cpus", "stats"],  # contracts (stats: intervals, no torch)
-    ["files", "config_values", "config", "cli"],
+    ["files", "config_values", "config_errors", "config", "cli"],
     ["sandboxes"],
     ["policies"],  # OpenAI-compatible clients: contracts only below; rewards' LLM judge uses them
     ["tools", "rewards"],
