@@ -9,17 +9,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = [
-    "env=calculator",
-    "model=tiny",
+#: The smallest batch and the quietest logs a real run of the command can have.
+TINY_SIZES = (
     "env.group_size=2",
     "trainer.groups_per_step=2",
     "inference.max_tokens=8",
     "log.progress=false",
     "log.tensorboard=false",
     "ray.num_cpus=2",
-    "eval.held_out_tasks=0",
-]
+)
+TINY = ["env=calculator", "model=tiny", *TINY_SIZES, "eval.held_out_tasks=0"]
 
 
 def run(

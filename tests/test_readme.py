@@ -37,6 +37,7 @@ import pytest
 
 from areal_agents.net import free_port
 from tests._doc_blocks import Block, Command, read_blocks, shell_commands
+from tests._train_run import TINY_SIZES
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = (ROOT / "README.md", *sorted(ROOT.glob("examples/*/README.md")))
@@ -46,16 +47,7 @@ READY_S = 240  # a server must print its ready line within this (busy 2-core CI 
 RUN_S = 300
 
 # Tiny settings appended to the commands that are run for real (later overrides win).
-TINY_TRAIN = (
-    "trainer.total_steps=1",
-    "env.group_size=2",
-    "trainer.groups_per_step=2",
-    "inference.max_tokens=8",
-    "log.progress=false",
-    "log.tensorboard=false",
-    "ray.num_cpus=2",
-    "eval.held_out_tasks=2",
-)
+TINY_TRAIN = ("trainer.total_steps=1", *TINY_SIZES, "eval.held_out_tasks=2")
 TINY_EVAL = (
     "num_episodes=2",
     "samples_per_task=2",
