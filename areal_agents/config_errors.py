@@ -2,9 +2,10 @@
 name the key (and, for an unknown key, the nearest known one)."""
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
-from areal_agents.config_values import _hints
+from areal_agents.config_values import _hints, shorten
 from areal_agents.errors import ConfigError, did_you_mean
 
 __all__ = ["config_error"]
@@ -22,6 +23,8 @@ def config_error(error: BaseException, cls: type) -> ConfigError:
     if first.startswith("Could not override '"):
         key = first.split("'")[1]
         return ConfigError(_unknown_key(cls, key) or first)
+    if isinstance(error, OSError) and error.strerror and error.filename:
+        return ConfigError(_file_error(cls, error))
     override = getattr(error, "override", None)
     if isinstance(override, str):  # hydra.errors.OverrideParseException
         return ConfigError(
@@ -48,3 +51,15 @@ def _unknown_key(cls: type, key: str) -> str | None:
             return f"unknown config key {key!r}{scope}" + did_you_mean(part, names)
         tp = _hints(tp)[part]
     return None
+
+
+def _file_error(cls: type, error: OSError) -> str:
+    """An ``OSError`` of a file Hydra looked for: a config group option is a file name to it
+    (``<search path>/model/<option>``), so ``model=<5000 characters>`` fails as ENAMETOOLONG.
+    The message names the option, shortened, never Hydra's own search path."""
+    path = Path(str(error.filename))
+    hints = _hints(cls) if _is_dataclass_type(cls) else {}
+    if path.parent.name in hints and hasattr(hints[path.parent.name], "from_name"):
+        option = path.name.removesuffix(".yaml").replace("%2F", "/")
+        return f"{path.parent.name}={shorten(option)}: {error.strerror}"
+    return f"{shorten(str(path))}: {error.strerror}"

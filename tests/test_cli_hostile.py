@@ -57,6 +57,8 @@ ATTACKS = [
     (["config=interp_loop.yaml"], "output_dir: Recursive interpolation"),
     (["config=dupkeys.yaml"], "line 3, column 3: seed is given twice"),
     (["output_dir=" + "x" * 5000], "(5000 characters): cannot write there (File name too long)"),
+    (["model=" + "x" * 5000], "model=xxxxxxxxxx" + "x" * 110 + "... (5000 characters): File name"),
+    (["model=/a/" + "x" * 5000 + "/b"], "model=/a/" + "x" * 117 + "... (5005 characters): File"),
     (["output_dir=${oc.env:HOME}"], "output_dir: ${oc.env:...} is not allowed"),
     (["output_dir=${oc.env:AWS_SECRET_ACCESS_KEY}"], "${oc.env:...} is not allowed"),
     (["output_dir=${oc.decode:'!!python/object/apply:os.system [\"id\"]'}"], "oc.decode"),
