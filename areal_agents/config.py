@@ -69,9 +69,10 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from areal_agents.config_errors import _is_dataclass_type, config_error
+from areal_agents.config_errors import config_error
 from areal_agents.config_values import (
     _hints,
+    _is_dataclass_type,
     _walk_strings,
     check_interpolations,
     check_numbers,
@@ -79,6 +80,7 @@ from areal_agents.config_values import (
     describe,
     dump_yaml,
     from_dict,
+    group_fields,
     read_config_file,
     to_dict,
     writable_dir,
@@ -114,16 +116,6 @@ T = TypeVar("T")
 def config_name(cls: type) -> str:
     """The name of ``cls``'s primary config in the ``ConfigStore``: ``TrainConfig`` -> ``train``."""
     return cls.__name__.removesuffix("Config").lower() or cls.__name__.lower()
-
-
-def group_fields(cls: type) -> dict[str, type]:
-    """The fields of ``cls`` that are config groups (a dataclass with ``from_name``)."""
-    hints = _hints(cls)
-    return {
-        f.name: hints[f.name]
-        for f in dataclasses.fields(cls)
-        if _is_dataclass_type(hints[f.name]) and hasattr(hints[f.name], "from_name")
-    }
 
 
 def _option(name: str) -> str:

@@ -5,14 +5,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from areal_agents.config_values import _hints, shorten
+from areal_agents.config_values import _hints, _is_dataclass_type, group_fields, shorten
 from areal_agents.errors import ConfigError, did_you_mean
 
 __all__ = ["config_error"]
-
-
-def _is_dataclass_type(tp: Any) -> bool:
-    return dataclasses.is_dataclass(tp) and isinstance(tp, type)
 
 
 def config_error(error: BaseException, cls: type) -> ConfigError:
@@ -58,8 +54,7 @@ def _file_error(cls: type, error: OSError) -> str:
     (``<search path>/model/<option>``), so ``model=<5000 characters>`` fails as ENAMETOOLONG.
     The message names the option, shortened, never Hydra's own search path."""
     path = Path(str(error.filename))
-    hints = _hints(cls) if _is_dataclass_type(cls) else {}
-    if path.parent.name in hints and hasattr(hints[path.parent.name], "from_name"):
+    if _is_dataclass_type(cls) and path.parent.name in group_fields(cls):
         option = path.name.removesuffix(".yaml").replace("%2F", "/")
         return f"{path.parent.name}={shorten(option)}: {error.strerror}"
     return f"{shorten(str(path))}: {error.strerror}"

@@ -62,6 +62,7 @@ __all__ = [
     "describe",
     "dump_yaml",
     "from_dict",
+    "group_fields",
     "read_config_file",
     "shorten",
     "to_dict",
@@ -305,6 +306,20 @@ ${key} references and the resolvers hydra, now are; write the value itself (the 
 
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return dataclasses.is_dataclass(tp) and isinstance(tp, type)
+
+
+def group_fields(cls: type) -> dict[str, type]:
+    """The fields of ``cls`` that are config groups (a dataclass with ``from_name``)."""
+    hints = _hints(cls)
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(cls)
+        if _is_dataclass_type(hints[f.name]) and hasattr(hints[f.name], "from_name")
+    }
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

@@ -100,12 +100,9 @@ _MADE_DIRS: set[Path] = set()
 def _forget_refused_run() -> None:
     """Remove the run directories this command made, where they hold nothing but Hydra's
     ``.hydra/`` record (or nothing): the run was refused before it wrote anything of its own."""
-    for directory in _MADE_DIRS:
-        try:
-            if directory.is_dir() and all(p.name == ".hydra" for p in directory.iterdir()):
-                shutil.rmtree(directory, ignore_errors=True)
-        except OSError:  # a name the system cannot look up was never made
-            continue
+    for directory in _MADE_DIRS:  # only names _absent could look up
+        if directory.is_dir() and all(p.name == ".hydra" for p in directory.iterdir()):
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _absent(path: Path) -> bool:
@@ -180,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             return
         configs = cli.job_configs(command)
         cli.check_sweep_dirs(command, configs)
-        _MADE_DIRS.update(Path(c.run_dir()) for c in configs if _absent(Path(c.run_dir())))
+        _MADE_DIRS.update(path for path in (Path(c.run_dir()) for c in configs) if _absent(path))
         for cfg in configs:  # a single run's directory is made now: Hydra writes .hydra/ there
             preflight(cfg, create_dirs=not (command.check or command.multirun))
         # a sweep job's directory is its own (hydra.sweep.dir/<job>), not the default one
