@@ -57,7 +57,7 @@ from areal_agents.config import (
     primary,
     split_files,
 )
-from areal_agents.errors import AgentsError, ConfigError
+from areal_agents.errors import AgentsError, ConfigError, brief
 
 __all__ = [
     "MAX_JOBS",
@@ -336,7 +336,7 @@ def launch(
         code = e.code if isinstance(e, SystemExit) else (2 if isinstance(e, ConfigError) else 1)
         status = max(status, code if isinstance(code, int) else 1)
         if not isinstance(e, SystemExit):
-            print(f"error: job {num}: {e}", file=sys.stderr)
+            print(f"error: job {num}: {brief(e)}", file=sys.stderr)
     if status:
         print(
             f"error: {len(failures)} of {len(results) + len(failures)} jobs failed", file=sys.stderr

@@ -48,7 +48,7 @@ from typing import Any, TypeVar, Union
 
 import yaml
 
-from areal_agents.errors import ConfigError, did_you_mean
+from areal_agents.errors import ConfigError, did_you_mean, shorten
 from areal_agents.files import atomic_write
 
 __all__ = [
@@ -121,15 +121,6 @@ def check_numbers(
 
 def _show(value: Any) -> str:
     return str(list(value)) if isinstance(value, tuple) else str(value)
-
-
-def shorten(text: str, limit: int = 120) -> str:
-    """``text`` for an error message: at most ``limit`` characters, the cut said.
-
-    >>> shorten("x" * 5000, 10)
-    'xxxxxxxxxx... (5000 characters)'
-    """
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def writable_dir(path: str | os.PathLike[str], key: str, *, create: bool = True) -> Path:

@@ -12,6 +12,7 @@ Three kinds of failure get three treatments (see DESIGN.md):
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 __all__ = [
@@ -33,7 +34,9 @@ __all__ = [
     "ToolTimeout",
     "UnknownEnvironmentError",
     "WeightSyncError",
+    "brief",
     "did_you_mean",
+    "shorten",
 ]
 
 
@@ -127,6 +130,31 @@ class LearnerLost(InfrastructureError):
 
 class EpisodeDropped(InfrastructureError):
     """An episode could not finish because of an infrastructure fault; it is dropped and counted."""
+
+
+def shorten(text: str, limit: int = 120) -> str:
+    """``text`` for an error message: at most ``limit`` characters, the cut said.
+
+    >>> shorten("x" * 5000, 10)
+    'xxxxxxxxxx... (5000 characters)'
+    """
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def brief(message: object, limit: int = 120) -> str:
+    """``message`` as a refusal prints it: every run of more than ``limit`` characters without a
+    space (a value the user typed, a path) shortened by :func:`shorten`, so that a 5000-character
+    override is named, not echoed whole, whichever check refused it.
+
+    >>> brief("algo='" + "x" * 5000 + "' is not a known algorithm", 12)
+    "algo='xxxxxx... (5007 characters) is not a known algorithm"
+    """
+
+    def cut(match: re.Match[str]) -> str:
+        word = match.group(0)
+        return word if word.endswith("...") else shorten(word, limit)  # shortened already
+
+    return re.sub(rf"\S{{{limit + 1},}}", cut, str(message))
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from areal_agents.config import describe, dump_yaml, to_dict, writable_dir
-from areal_agents.errors import AgentsError, ConfigError, InfrastructureError
+from areal_agents.errors import AgentsError, ConfigError, InfrastructureError, brief
 from areal_agents.eval_config import EvalConfig, EvalPolicyConfig
 from areal_agents.eval_summary import exit_status, failure_line, pass_at_k, summarize
 from areal_agents.files import read_jsonl
@@ -363,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     except AgentsError as e:
         if argv is not None:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {brief(e)}", file=sys.stderr)
         raise SystemExit(2 if isinstance(e, ConfigError) else 1) from None
     return results[-1] if results else {}
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from areal_agents.errors import AgentsError, ConfigError
+from areal_agents.errors import AgentsError, ConfigError, brief
 
 if TYPE_CHECKING:
     from areal_agents.trainers.config import TrainConfig
@@ -120,7 +120,7 @@ def _job(cfg: TrainConfig) -> dict[str, object]:
         preflight(cfg)
         done = finished_run(cfg)
     except AgentsError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {brief(e)}", file=sys.stderr)
         raise SystemExit(2) from None
     if done is not None:
         _say_complete(cfg, *done)
@@ -131,10 +131,10 @@ def _job(cfg: TrainConfig) -> dict[str, object]:
         summary = train(cfg)
     except ConfigError as e:
         _forget_refused_run()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {brief(e)}", file=sys.stderr)
         raise SystemExit(2) from None
     except AgentsError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"error: {type(e).__name__}: {brief(e)}", file=sys.stderr)
         raise SystemExit(1) from None
     run_dir = summary.get("run_dir", cfg.run_dir())
     print(
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             _MADE_DIRS.add(Path(run_dir))
     except AgentsError as e:
         _forget_refused_run()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {brief(e)}", file=sys.stderr)
         raise SystemExit(2) from None
     if command.check:
         import yaml

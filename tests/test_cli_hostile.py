@@ -59,6 +59,10 @@ ATTACKS = [
     (["output_dir=" + "x" * 5000], "(5000 characters): cannot write there (File name too long)"),
     (["model=" + "x" * 5000], "model=xxxxxxxxxx" + "x" * 110 + "... (5000 characters): File name"),
     (["model=/a/" + "x" * 5000 + "/b"], "model=/a/" + "x" * 117 + "... (5005 characters): File"),
+    (["algo=" + "x" * 5000], "x... (5007 characters) is not a known algorithm; choose one"),
+    (["inference.engine=" + "x" * 5000], "x... (5019 characters) is not a known engine"),
+    (["trainer.optimizer=" + "x" * 5000], "x... (5020 characters) is not allowed; choose"),
+    (["env.group_size=" + "x" * 5000], "env.group_size: expected an integer, got 'xxx"),
     (["output_dir=${oc.env:HOME}"], "output_dir: ${oc.env:...} is not allowed"),
     (["output_dir=${oc.env:AWS_SECRET_ACCESS_KEY}"], "${oc.env:...} is not allowed"),
     (["output_dir=${oc.decode:'!!python/object/apply:os.system [\"id\"]'}"], "oc.decode"),
@@ -224,3 +228,32 @@ def test_eval_check_refuses_the_other_c1_attacks(cwd: Path, args: list[str], say
         main(["--check", "env=calculator", *args])
     assert says in str(e.value) and SECRET not in str(e.value)
     assert sorted(p.name for p in cwd.iterdir()) == sorted([*FILES, "zero.yaml"])
+
+
+def test_eval_refusal_names_a_long_value_without_echoing_it(cwd: Path) -> None:
+    """The printed refusal shortens whatever value the check quoted (``errors.brief``): the
+    command line's ``error:`` line, not only the exception, stays one short line."""
+    import subprocess
+    import sys
+
+    value = "x" * 5000
+    done = subprocess.run(
+        [sys.executable, "-m", "areal_agents.eval", "--check", f"env={value}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith("error: unknown environment 'xxx")
+    assert "... (5003 characters) known short names" in done.stderr
+    assert len(done.stderr) < 600 and "Traceback" not in done.stderr
+
+
+def test_brief_shortens_each_long_word_once() -> None:
+    from areal_agents.errors import brief, shorten
+
+    word = "y" * 300
+    assert brief(f"a '{word}' b") == f"a {shorten(repr(word), 120)} b"
+    assert brief("short words stay") == "short words stay"
+    # a message that shortened its value itself is not cut twice
+    assert brief(f"key={shorten('z' * 300)} end") == f"key={shorten('z' * 300)} end"
