@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from areal_agents.errors import ConfigError
+from areal_agents.errors import ConfigError, brief, shorten
 
 SECRET = "S3CRET-d41d8cd9"
 BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
@@ -233,9 +235,6 @@ def test_eval_check_refuses_the_other_c1_attacks(cwd: Path, args: list[str], say
 def test_eval_refusal_names_a_long_value_without_echoing_it(cwd: Path) -> None:
     """The printed refusal shortens whatever value the check quoted (``errors.brief``): the
     command line's ``error:`` line, not only the exception, stays one short line."""
-    import subprocess
-    import sys
-
     value = "x" * 5000
     done = subprocess.run(
         [sys.executable, "-m", "areal_agents.eval", "--check", f"env={value}"],
@@ -250,8 +249,6 @@ def test_eval_refusal_names_a_long_value_without_echoing_it(cwd: Path) -> None:
 
 
 def test_brief_shortens_each_long_word_once() -> None:
-    from areal_agents.errors import brief, shorten
-
     word = "y" * 300
     assert brief(f"a '{word}' b") == f"a {shorten(repr(word), 120)} b"
     assert brief("short words stay") == "short words stay"
