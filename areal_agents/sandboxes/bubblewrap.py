@@ -13,6 +13,13 @@ directory (a host directory, so that files persist between calls) is limited per
 ``disk_mb`` (checked every 0.1 s, so a fast writer can overshoot briefly). ``reset`` swaps in a
 new work directory (see ``_local``), so its mode, times and extended attributes start afresh;
 ``/tmp``, IPC objects and message queues live in per-call namespaces and never outlive a call.
+
+``bwrap`` returns its program's exit status as soon as its own init (pid 1 of the new namespace)
+reports it, before that init is reaped; the orphaned init then waits as a zombie, still counted
+against the uid's ``RLIMIT_NPROC``, until the host's init reaps it, which on some hosts takes
+seconds. Back-to-back calls would then fail with "Can't fork for pid 1". So each call runs
+``bwrap`` under a small reaper (:data:`REAPER`), a child subreaper that waits for every process
+left below it before it exits with ``bwrap``'s status.
 """
 
 from __future__ import annotations
@@ -25,7 +32,34 @@ from pathlib import Path
 from areal_agents.sandboxes._local import LocalSandbox, runnable_python
 from areal_agents.sandboxes.base import SandboxLimits
 
-__all__ = ["BubblewrapSandbox", "bubblewrap_problem"]
+__all__ = ["REAPER", "BubblewrapSandbox", "bubblewrap_problem"]
+
+REAPER = """\
+import os, signal, sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below come here
+except Exception:
+    pass
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execv(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+status = os.waitpid(pid, 0)[1]
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+sys.exit(os.WEXITSTATUS(status))
+"""
+"""Run as ``python -I -S -c REAPER argv...``: runs ``argv``, reaps every process orphaned below
+it (bwrap's init above all), then ends as ``argv`` ended (its exit code, or its signal)."""
 
 _PASSWD = "root:x:0:0:root:/root:/bin/sh\nsandbox:x:65534:65534:sandbox:/work:/bin/sh\n"
 _GROUP = "root:x:0:\nsandbox:x:65534:\n"
@@ -138,7 +172,8 @@ class BubblewrapSandbox(LocalSandbox):
         self._py = python
 
     def _wrap(self, argv: list[str]) -> list[str]:
-        return [*self._prefix, *argv]
+        reaper = [self._python(), "-I", "-S", "-c", REAPER]
+        return [*reaper, *self._prefix, *argv]
 
     def _env(self) -> dict[str, str]:
         return {

@@ -120,6 +120,17 @@ def test_shell_fork_bomb_is_contained(new_sandbox: Make):
     host_and_next_sandbox_ok(new_sandbox)
 
 
+def test_the_process_limit_counts_processes_alive_not_calls_made(new_sandbox: Make):
+    # bwrap exits before its namespace's init is reaped: unless the backend reaps it, each call
+    # leaves a zombie counted against the uid's process limit until the host's init gets to it.
+    with new_sandbox(pids=16) as sb:
+        codes = [sb.run("true", timeout=10).exit_code for _ in range(4 * 16)]
+        assert codes == [0] * len(codes), [sb.run("true", timeout=10).stderr]
+        # and the program's own end still comes back as it was: an exit code, or a signal
+        assert sb.run("exit 3", timeout=10).exit_code == 3
+        assert sb.run("kill -9 $$", timeout=10).exit_code == 128 + 9
+
+
 def test_thread_bomb_hits_the_task_limit(new_sandbox: Make):
     res = run(
         new_sandbox,
