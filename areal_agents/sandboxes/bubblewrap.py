@@ -18,12 +18,15 @@ new work directory (see ``_local``), so its mode, times and extended attributes 
 reports it, before that init is reaped; the orphaned init then waits as a zombie, still counted
 against the uid's ``RLIMIT_NPROC``, until the host's init reaps it, which on some hosts takes
 seconds. Back-to-back calls would then fail with "Can't fork for pid 1". So each call runs
-``bwrap`` under a small reaper (:data:`REAPER`), a child subreaper that waits for every process
+``bwrap`` as the init of a PID namespace of its own (util-linux ``unshare``, see
+:func:`unshare_prefix`), whose end the kernel reaps whole before ``unshare`` returns, or, where
+``unshare`` cannot, under :data:`REAPER`, a Python child subreaper that waits for every process
 left below it before it exits with ``bwrap``'s status.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -32,7 +35,7 @@ from pathlib import Path
 from areal_agents.sandboxes._local import LocalSandbox, runnable_python
 from areal_agents.sandboxes.base import SandboxLimits
 
-__all__ = ["REAPER", "BubblewrapSandbox", "bubblewrap_problem"]
+__all__ = ["REAPER", "BubblewrapSandbox", "bubblewrap_problem", "unshare_prefix"]
 
 REAPER = """\
 import os, signal, sys
@@ -85,6 +88,36 @@ def bubblewrap_problem() -> str | None:
         msg = probe.stderr.decode(errors="replace").strip()
         return f"bwrap cannot create namespaces here (user namespaces disabled?): {msg}"
     return None
+
+
+_UNSHARE_FLAGS = ("--user", "--map-current-user", "--pid", "--fork", "--kill-child")
+
+
+@functools.cache
+def unshare_prefix(uid: int | None) -> tuple[str, ...] | None:
+    """The util-linux ``unshare`` command that gives ``bwrap`` a PID namespace of its own, where
+    ``uid`` (None: this process's) can run it (``--map-current-user`` needs util-linux 2.38);
+    None where it cannot. When ``bwrap``, the init there, exits, the kernel reaps everything below
+    it before ``unshare`` reaps ``bwrap``: a C program, about 1 ms a call, against about 15 ms
+    for :data:`REAPER`'s Python."""
+    unshare = shutil.which("unshare", path="/usr/bin:/bin")
+    if unshare is None:
+        return None
+    cmd = (unshare, *_UNSHARE_FLAGS)
+    try:
+        probe = subprocess.run(
+            [*cmd, "/bin/true"],
+            user=uid,
+            group=uid,
+            extra_groups=[] if uid is not None else None,
+            capture_output=True,
+            timeout=20,
+            cwd="/",
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return cmd if probe.returncode == 0 else None
 
 
 def _root_links() -> list[str]:
@@ -172,7 +205,7 @@ class BubblewrapSandbox(LocalSandbox):
         self._py = python
 
     def _wrap(self, argv: list[str]) -> list[str]:
-        reaper = [self._python(), "-I", "-S", "-c", REAPER]
+        reaper = unshare_prefix(self.uid) or (self._python(), "-I", "-S", "-c", REAPER)
         return [*reaper, *self._prefix, *argv]
 
     def _env(self) -> dict[str, str]:

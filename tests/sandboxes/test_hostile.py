@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from areal_agents.sandboxes import bubblewrap, make_sandbox
 from tests.sandboxes._hostile import Make, host_and_next_sandbox_ok, run
 
 
@@ -129,6 +130,20 @@ def test_the_process_limit_counts_processes_alive_not_calls_made(new_sandbox: Ma
         # and the program's own end still comes back as it was: an exit code, or a signal
         assert sb.run("exit 3", timeout=10).exit_code == 3
         assert sb.run("kill -9 $$", timeout=10).exit_code == 128 + 9
+
+
+@pytest.mark.bubblewrap
+def test_bubblewraps_python_reaper_keeps_the_process_limit_too(monkeypatch: pytest.MonkeyPatch):
+    # where util-linux's unshare cannot give bwrap a PID namespace, REAPER does the reaping
+    monkeypatch.setattr(bubblewrap, "unshare_prefix", lambda uid: None)
+    with make_sandbox("bubblewrap", memory_mb=128, pids=16) as sb:
+        assert sb._wrap(["true"])[4] == bubblewrap.REAPER
+        codes = [sb.run("true", timeout=10).exit_code for _ in range(4 * 16)]
+        assert codes == [0] * len(codes), [sb.run("true", timeout=10).stderr]
+        assert sb.run("exit 3", timeout=10).exit_code == 3
+        assert sb.run("kill -9 $$", timeout=10).exit_code == 128 + 9
+        slow = sb.run("sleep 30", timeout=1)
+        assert slow.timed_out and slow.duration_s < 10, slow
 
 
 def test_thread_bomb_hits_the_task_limit(new_sandbox: Make):
