@@ -45,7 +45,7 @@ from areal_agents.sandboxes._killuid import kill_uid
 from areal_agents.sandboxes._wipe import disk_usage, remove_tree
 from areal_agents.sandboxes.base import BaseSandbox, ExecResult, SandboxLimits
 
-__all__ = ["LocalSandbox", "rlimit_setter", "runnable_python"]
+__all__ = ["LocalSandbox", "rlimit_setter", "runnable_python", "runs_as"]
 
 _UID_RANGE = (1_100_000_000, 1_900_000_000)
 
@@ -299,24 +299,27 @@ class LocalSandbox(CommandRunner, BaseSandbox):
         return res
 
 
+def runs_as(uid: int | None, argv: list[str]) -> bool:
+    """Whether ``argv`` succeeds when ``uid`` (None: this process's user) runs it, from ``/``."""
+    try:
+        probe = subprocess.run(
+            argv,
+            user=uid,
+            group=uid,
+            extra_groups=[] if uid is not None else None,
+            capture_output=True,
+            timeout=20,
+            cwd="/",
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
 @functools.cache
 def runnable_python(uid: int | None, candidates: tuple[str, ...]) -> str:
     """The first interpreter in ``candidates`` that ``uid`` can start."""
     for cand in candidates:
-        if not cand or not os.path.exists(cand):
-            continue
-        try:
-            probe = subprocess.run(
-                [cand, "-c", "import json"],
-                user=uid,
-                group=uid,
-                extra_groups=[] if uid is not None else None,
-                capture_output=True,
-                timeout=20,
-                cwd="/",
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
+        if cand and os.path.exists(cand) and runs_as(uid, [cand, "-c", "import json"]):
             return cand
     raise SandboxError(f"no Python interpreter the sandbox user can run among {candidates}")

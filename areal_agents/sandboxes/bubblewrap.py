@@ -32,7 +32,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from areal_agents.sandboxes._local import LocalSandbox, runnable_python
+from areal_agents.sandboxes._local import LocalSandbox, runnable_python, runs_as
 from areal_agents.sandboxes.base import SandboxLimits
 
 __all__ = ["REAPER", "BubblewrapSandbox", "bubblewrap_problem", "unshare_prefix"]
@@ -104,20 +104,7 @@ def unshare_prefix(uid: int | None) -> tuple[str, ...] | None:
     if unshare is None:
         return None
     cmd = (unshare, *_UNSHARE_FLAGS)
-    try:
-        probe = subprocess.run(
-            [*cmd, "/bin/true"],
-            user=uid,
-            group=uid,
-            extra_groups=[] if uid is not None else None,
-            capture_output=True,
-            timeout=20,
-            cwd="/",
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return cmd if probe.returncode == 0 else None
+    return cmd if runs_as(uid, [*cmd, "/bin/true"]) else None
 
 
 def _root_links() -> list[str]:

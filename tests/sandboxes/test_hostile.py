@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_agents.sandboxes import bubblewrap, make_sandbox
+from areal_agents.sandboxes import BaseSandbox, bubblewrap, make_sandbox
 from tests.sandboxes._hostile import Make, host_and_next_sandbox_ok, run
 
 
@@ -121,15 +121,20 @@ def test_shell_fork_bomb_is_contained(new_sandbox: Make):
     host_and_next_sandbox_ok(new_sandbox)
 
 
+def _runs_back_to_back(sb: BaseSandbox, calls: int) -> None:
+    """``calls`` quick calls all succeed, and a program's own end still comes back as it was: an
+    exit code, or a signal."""
+    codes = [sb.run("true", timeout=10).exit_code for _ in range(calls)]
+    assert codes == [0] * len(codes), [sb.run("true", timeout=10).stderr]
+    assert sb.run("exit 3", timeout=10).exit_code == 3
+    assert sb.run("kill -9 $$", timeout=10).exit_code == 128 + 9
+
+
 def test_the_process_limit_counts_processes_alive_not_calls_made(new_sandbox: Make):
     # bwrap exits before its namespace's init is reaped: unless the backend reaps it, each call
     # leaves a zombie counted against the uid's process limit until the host's init gets to it.
     with new_sandbox(pids=16) as sb:
-        codes = [sb.run("true", timeout=10).exit_code for _ in range(4 * 16)]
-        assert codes == [0] * len(codes), [sb.run("true", timeout=10).stderr]
-        # and the program's own end still comes back as it was: an exit code, or a signal
-        assert sb.run("exit 3", timeout=10).exit_code == 3
-        assert sb.run("kill -9 $$", timeout=10).exit_code == 128 + 9
+        _runs_back_to_back(sb, 4 * 16)
 
 
 @pytest.mark.bubblewrap
@@ -138,10 +143,7 @@ def test_bubblewraps_python_reaper_keeps_the_process_limit_too(monkeypatch: pyte
     monkeypatch.setattr(bubblewrap, "unshare_prefix", lambda uid: None)
     with make_sandbox("bubblewrap", memory_mb=128, pids=16) as sb:
         assert sb._wrap(["true"])[4] == bubblewrap.REAPER
-        codes = [sb.run("true", timeout=10).exit_code for _ in range(4 * 16)]
-        assert codes == [0] * len(codes), [sb.run("true", timeout=10).stderr]
-        assert sb.run("exit 3", timeout=10).exit_code == 3
-        assert sb.run("kill -9 $$", timeout=10).exit_code == 128 + 9
+        _runs_back_to_back(sb, 4 * 16)
         slow = sb.run("sleep 30", timeout=1)
         assert slow.timed_out and slow.duration_s < 10, slow
 
