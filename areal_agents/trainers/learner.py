@@ -64,6 +64,10 @@ from areal_agents.types import Trajectory
 
 __all__ = ["Learner", "LearnerSpec"]
 
+_EXTREMES = ("/min", "/max")
+"""Metric keys that are a least or most value (``ratio/min``): reduced by min or max over the
+step's micro-batches, updates and ranks, where other keys are token means."""
+
 
 @dataclass(frozen=True)
 class LearnerSpec:
@@ -386,6 +390,11 @@ class Learner(LearnerState):
                 sums[key] += v  # already normalised globally: micro-batch terms add up
             elif key.endswith("_seqs"):  # a count: summed over micro-batches and ranks
                 sums[key + "@w"] += v
+            elif not tokens:
+                continue  # a mean, least or most over no token: nothing measured
+            elif key.endswith(_EXTREMES):  # the step's least / most, not a mean of them
+                pick = min if key.endswith("/min") else max
+                sums[key] = pick(sums[key], v) if key in sums else v
             else:
                 sums[key + "@w"] += v * tokens
         sums["@tokens"] += tokens
@@ -418,15 +427,21 @@ class Learner(LearnerState):
             for k, v in part.items():
                 if k.startswith(("grad_norm", "value/grad_norm")):
                     total[k] = v  # the same on every rank
+                elif k.endswith(_EXTREMES):  # over every rank's micro-batches
+                    pick = min if k.endswith("/min") else max
+                    total[k] = pick(total[k], v) if k in total else v
                 else:
                     total[k] += v
-        tokens = max(total.pop("@tokens", 0.0), 1.0)
+        tokens = total.pop("@tokens", 0.0)
         out: dict[str, float] = {}
         for k, v in total.items():
-            if k.endswith("_seqs@w"):  # a count per micro-batch: summed, per update
+            if k.endswith(_EXTREMES):
+                out[k] = v
+            elif k.endswith("_seqs@w"):  # a count per micro-batch: summed, per update
                 out[k[:-2]] = v / updates
             elif k.endswith("@w"):
-                out[k[:-2]] = v / tokens
+                if tokens:  # token means; none at all on a step with nothing to train
+                    out[k[:-2]] = v / tokens
             elif k.startswith("loss/"):
                 out[k] = v / updates
             else:
