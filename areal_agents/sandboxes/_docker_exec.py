@@ -21,6 +21,7 @@ or misses its deadline, and the container is replaced rather than reused.
 from __future__ import annotations
 
 import contextlib
+import logging
 import selectors
 import socket
 import struct
@@ -30,7 +31,17 @@ from typing import Any
 
 from areal_agents.errors import SandboxError
 
-__all__ = ["SANDBOX_USER", "STATUS_VAR", "WRAPPER", "parse_status", "reset_container"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "SANDBOX_USER",
+    "START_TRIES",
+    "STATUS_VAR",
+    "WRAPPER",
+    "never_started",
+    "parse_status",
+    "reset_container",
+]
 
 SANDBOX_UID = 65534
 SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_UID}"
@@ -39,6 +50,9 @@ STATUS_VAR = "AREAL_STATUS_MARK"  # the wrapper's per-call secret, only in root'
 ENV = {"HOME": "/work", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1"}
 _INSPECT_S = 5.0  # how long the engine may take to record an exit after the stream ended
 _RESET_S = 30.0  # a reset that takes longer is given up and the container replaced
+START_TRIES = 3
+"""Tries of one exec, where the runtime fails to start it (:func:`never_started`)."""
+_NOT_STARTED = b"OCI runtime exec failed"
 _DROP = f"/usr/sbin/chroot --userspec={SANDBOX_USER} --groups= --skip-chdir /"
 
 # oom: the cgroup's oom_kill counter into $n (v1 or v2). sweep: SIGKILL every live process of
@@ -112,7 +126,27 @@ class _Exec:
     ) -> tuple[bytes, bytes, tuple[int, int], int | None, bytes]:
         """Run ``argv``: stdout and stderr (capped), their full sizes, the exit code (None when
         the stream did not end in time), and the last bytes of stderr. ``env`` is added to the
-        sandbox's environment."""
+        sandbox's environment. An exec the runtime failed to start (:func:`never_started`) is
+        tried again, up to :data:`START_TRIES` times in all: nothing of ``argv`` ran."""
+        result = self._once(argv, stdin=stdin, deadline=deadline, caps=caps, user=user, env=env)
+        for attempt in range(1, START_TRIES):
+            if not never_started(result[0], result[2], result[3]):
+                break
+            log.info("docker exec in %s did not start; trying again", self.cid[:12])
+            time.sleep(0.02 * attempt)
+            result = self._once(argv, stdin=stdin, deadline=deadline, caps=caps, user=user, env=env)
+        return result
+
+    def _once(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None,
+        deadline: float,
+        caps: tuple[int, int],
+        user: str,
+        env: dict[str, str] | None,
+    ) -> tuple[bytes, bytes, tuple[int, int], int | None, bytes]:
         import docker.errors
 
         try:
@@ -165,6 +199,28 @@ class _Exec:
                 return None
             time.sleep(wait)
             wait = min(wait * 2, 0.25)
+
+
+def never_started(out: bytes, totals: tuple[int, int], code: int | None) -> bool:
+    r"""Whether an exec failed before its program ran: the engine's exit code 126 and, as all of
+    the stream, runc's one-line ``OCI runtime exec failed`` on stdout (seen about once in 300
+    quick execs at ``pids=8``, when runc's exec init cannot start). Nothing that did start
+    produces it: a run's wrapper ends its stream with the status line on stderr, and a file
+    operation's script reads the file in and out with ``cat``, which never exits 126.
+
+    >>> runc = (b"OCI runtime exec failed: exec failed: unable to start container process: "
+    ...     b"read init-p: connection reset by peer: unknown\r\n")
+    >>> never_started(runc, (len(runc), 0), 126)
+    True
+    >>> never_started(b"OCI runtime exec failed\n", (24, 7), 126)  # anything on stderr: ran
+    False
+    """
+    return (
+        code == 126
+        and totals == (len(out), 0)
+        and out.startswith(_NOT_STARTED)
+        and out.rstrip(b"\r\n").count(b"\n") == 0
+    )
 
 
 class _Frames:

@@ -167,6 +167,29 @@ def test_reset_kills_processes_and_empties_the_work_dir():
         assert sb.run("ls -A /work /tmp").stdout.split() == ["/tmp:", "/work:"]
 
 
+_RUNC = b"OCI runtime exec failed: exec failed: unable to start container process: x\r\n"
+
+
+def test_an_exec_the_runtime_failed_to_start_is_tried_again(monkeypatch: pytest.MonkeyPatch):
+    # about 1 quick exec in 300 at pids=8: runc's exec init cannot start and the engine reports
+    # 126 with runc's message as the whole stream; the program never ran, so it runs again
+    with make_sandbox("docker", **LIMITS) as sb:
+        real, calls = type(sb._exec)._once, []
+
+        def flaky(self, argv, **kw):
+            calls.append(argv)
+            if len(calls) == 1:
+                return _RUNC, b"", (len(_RUNC), 0), 126, b""
+            return real(self, argv, **kw)
+
+        monkeypatch.setattr(type(sb._exec), "_once", flaky)
+        res = sb.run("echo ran", timeout=10)
+        assert (res.exit_code, res.stdout, len(calls)) == (0, "ran\n", 2), res
+        forged = sb.run("printf 'OCI runtime exec failed: x\\r\\n'; exit 126", timeout=10)
+        assert forged.exit_code == 126 and forged.stdout.startswith("OCI runtime"), forged
+        assert len(calls) == 3  # a program that ran and printed it: not run again
+
+
 def test_a_container_removed_from_outside_is_an_infrastructure_error():
     sb = make_sandbox("docker", **LIMITS)
     docker_client().api.remove_container(sb.container_id, force=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from areal_agents.sandboxes._docker_exec import parse_status
+from areal_agents.sandboxes._docker_exec import never_started, parse_status
 
 MARK = "__areal_status_0123456789abcdef"
 
@@ -27,6 +27,16 @@ def test_a_line_with_another_marker_is_not_believed():
 def test_a_malformed_status_line_is_not_believed():
     for rest in (b"0 0\n", b"0 0 0", b"x 0 0\n", b"0 0 0 0\n"):
         assert parse_status(b"\n" + MARK.encode() + b" " + rest, MARK) is None, rest
+
+
+def test_only_runcs_own_start_failure_counts_as_never_started():
+    runc = b"OCI runtime exec failed: exec failed: unable to start container process: x\r\n"
+    assert never_started(runc, (len(runc), 0), 126)
+    assert not never_started(runc, (len(runc), 0), 0)  # another code: something ran
+    assert not never_started(runc, (len(runc), 5), 126)  # stderr: the wrapper's status, a run
+    assert not never_started(runc, (len(runc) + 9, 0), 126)  # more than was kept
+    assert not never_started(b"program output\n" + runc, (len(runc) + 15, 0), 126)
+    assert not never_started(runc + b"more\n", (len(runc) + 5, 0), 126)
 
 
 def test_the_pool_module_does_not_import_the_sandbox_module():
