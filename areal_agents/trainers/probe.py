@@ -5,9 +5,9 @@ A training step with a real reward and a placebo step with shuffled rewards can 
 Adam moves every weight by about the learning rate whatever the gradient says. What differs is
 where the policy goes. :class:`PolicyProbe` measures how far it goes, the same way every step:
 it fixes a set of the policy's own token positions once (the first batch's, up to
-``trainer.probe_tokens``; kept in the checkpoint), keeps the policy's full next-token
-distribution at each (``log_softmax`` over the vocabulary, at the sampling temperature), and
-after every step computes
+``trainer.probe_tokens``, a row of every group before a second of any; kept in the
+checkpoint), keeps the policy's full next-token distribution at each (``log_softmax`` over the
+vocabulary, at the sampling temperature), and after every step computes
 
     policy/update_kl = mean over positions of  sum_v p_before(v) log(p_before(v) / p_after(v))
 
@@ -43,6 +43,20 @@ from areal_agents.trainers.forward import position_logits
 from areal_agents.trainers.fsdp import reshard
 
 __all__ = ["KLBrake", "PolicyProbe"]
+
+
+def _round_robin(group_ids: list[str]) -> list[int]:
+    """Row indices, the k-th row of every group (in order of first appearance) before any
+    group's (k+1)-th.
+
+    >>> _round_robin(["a", "a", "b", "b", "c"])
+    [0, 2, 4, 1, 3]
+    """
+    members: dict[str, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        members.setdefault(g, []).append(i)
+    rank = {i: k for rows in members.values() for k, i in enumerate(rows)}
+    return sorted(range(len(group_ids)), key=lambda i: rank[i])
 
 
 @dataclass
@@ -88,13 +102,15 @@ class PolicyProbe:
         return self.tokens > 0
 
     def fix(self, batch: Batch) -> None:
-        """Take the probe from ``batch`` (the first one) if it has none yet: its rows in order,
-        each row's policy positions, until ``tokens`` positions are held."""
+        """Take the probe from ``batch`` (the first one) if it has none yet: each row's policy
+        positions, until ``tokens`` positions are held, taking the rows a group at a time (the
+        first row of every group, then the second of every group, ...), so that the probe
+        spans as many of the batch's prompts as it can hold rows."""
         if not self.enabled or self.rows is not None:
             return
         rows: list[tuple[list[int], list[int]]] = []
         left = self.tokens
-        for i in range(batch.sequence_ids.shape[0]):
+        for i in _round_robin(batch.group_ids):
             if left <= 0:
                 break
             positions = torch.nonzero(batch.loss_mask[i] > 0).flatten().tolist()[:left]
