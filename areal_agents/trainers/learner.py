@@ -69,6 +69,13 @@ _EXTREMES = ("/min", "/max")
 step's micro-batches, updates and ranks, where other keys are token means."""
 
 
+def _keep_extreme(acc: dict[str, float], key: str, value: float) -> None:
+    """Fold ``value`` into ``acc[key]``, an :data:`_EXTREMES` key: the least for ``/min``, the
+    most for ``/max``."""
+    pick = min if key.endswith("/min") else max
+    acc[key] = pick(acc[key], value) if key in acc else value
+
+
 @dataclass(frozen=True)
 class LearnerSpec:
     """What a rank needs to build itself (picklable; sent to Ray actors)."""
@@ -393,8 +400,7 @@ class Learner(LearnerState):
             elif not tokens:
                 continue  # a mean, least or most over no token: nothing measured
             elif key.endswith(_EXTREMES):  # the step's least / most, not a mean of them
-                pick = min if key.endswith("/min") else max
-                sums[key] = pick(sums[key], v) if key in sums else v
+                _keep_extreme(sums, key, v)
             else:
                 sums[key + "@w"] += v * tokens
         sums["@tokens"] += tokens
@@ -428,8 +434,7 @@ class Learner(LearnerState):
                 if k.startswith(("grad_norm", "value/grad_norm")):
                     total[k] = v  # the same on every rank
                 elif k.endswith(_EXTREMES):  # over every rank's micro-batches
-                    pick = min if k.endswith("/min") else max
-                    total[k] = pick(total[k], v) if k in total else v
+                    _keep_extreme(total, k, v)
                 else:
                     total[k] += v
         tokens = total.pop("@tokens", 0.0)

@@ -29,7 +29,7 @@ def test_update_kl_is_the_exact_kl_on_the_probe_positions(tmp_path: object) -> N
     data = batch()
     lrn.probe.fix(lrn_batch(lrn, data))
     rows = lrn.probe.rows
-    assert rows is not None and sum(len(p) for _, p in rows) == 12  # 8 of row 0, 4 of row 1
+    assert rows is not None and sum(len(p) for _, p in rows) == 12  # 8 of row 0, 4 of row 2
     assert [len(p) for _, p in rows] == [8, 4]
     # a row of each group before a second of either: rows 0 (group a) and 2 (group b)
     assert [ids for ids, _ in rows] == [list(data[0].sequence_ids), list(data[2].sequence_ids[:8])]
