@@ -130,9 +130,19 @@ _ORPHAN = textwrap.dedent(
     pool.run(os.getpid, timeout_s=60)
     zygote = pool._state["proc"].pid
     threading.Thread(target=pool.run, args=(pow, 9, 9 ** 9), kwargs={"timeout_s": 600}).start()
-    while not pool._workers:
+    def cpu_ticks(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime
+        except FileNotFoundError:
+            return 0
+    # the busy worker is the one that has computed for a while: a spare fetched ahead, or
+    # one discarded because it was forked before the zygote had the job's module, has not
+    worker = None
+    while worker is None:
+        worker = next((w.pid for w in list(pool._workers) if cpu_ticks(w.pid) >= 10), None)
         time.sleep(0.01)
-    worker = next(iter(pool._workers)).pid  # the busy one
     print(json.dumps([zygote, worker]), flush=True)
     threading.Event().wait()
     """
