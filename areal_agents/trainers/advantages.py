@@ -69,6 +69,8 @@ class AdvantageKnobs(Protocol):
     @property
     def whiten_advantages(self) -> bool: ...
     @property
+    def negative_scale(self) -> float: ...
+    @property
     def baseline(self) -> str: ...
     @property
     def gamma(self) -> float: ...
@@ -448,6 +450,8 @@ def compute_advantages(
     adv, returns = estimator(cfg, batch)
     if cfg.whiten_advantages:
         adv = masked_whiten(adv, maskf, eps=cfg.adv_eps)
+    if cfg.negative_scale != 1.0:
+        adv = torch.where(adv < 0, adv * cfg.negative_scale, adv)
     adv = torch.where(mask.bool(), adv, torch.zeros_like(adv)).detach()
     if returns is not None:
         returns = torch.where(mask.bool(), returns, torch.zeros_like(returns)).detach()

@@ -238,6 +238,25 @@ def test_grpo_std_keys_change_the_advantages_as_documented() -> None:
     assert white == pytest.approx(math.sqrt((n - 1) / n), rel=1e-4)
 
 
+def test_negative_scale_weighs_only_the_negative_advantages() -> None:
+    full = step("grpo")  # one row of +A and one of -A per group, 8 tokens each
+    assert full["advantage/mean"] == pytest.approx(0.0, abs=1e-6)
+    half = step(algo(negative_scale=0.5))
+    assert half["advantage/abs_mean"] == pytest.approx(0.75 * A, rel=1e-4)
+    assert half["advantage/mean"] == pytest.approx(0.25 * A, rel=1e-4)
+    positive = step(algo(negative_scale=0.0))  # RAFT-like: the better rows only
+    assert positive["advantage/abs_mean"] == pytest.approx(0.5 * A, rel=1e-4)
+    # a row whose advantage is 0 everywhere is not trained: only the two better rows are
+    assert positive["advantage/mean"] == pytest.approx(A, rel=1e-4)
+    assert positive["learner/rows_trained"] == 2 and full["learner/rows_trained"] == 4
+    # applied after whitening, which would otherwise centre the tilt away
+    white = step(algo(whiten_advantages=True, negative_scale=0.0))
+    assert white["advantage/mean"] > 0.4
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ConfigError, match="negative_scale"):
+            algo(negative_scale=bad)
+
+
 def test_running_baseline_moves_and_is_checkpointed(tmp_path: Path) -> None:
     lrn = learner(algo("reinforce", baseline="running"))
     first = lrn.train_step(batch())  # rewards 1, 0, 1, 0: the first batch sets b = 0.5
@@ -349,6 +368,7 @@ COVERED: dict[str, str] = {
     "algo.std_unbiased": "test_grpo_std_keys_change_the_advantages_as_documented",
     "algo.adv_eps": "test_grpo_std_keys_change_the_advantages_as_documented",
     "algo.whiten_advantages": "test_grpo_std_keys_change_the_advantages_as_documented",
+    "algo.negative_scale": "test_negative_scale_weighs_only_the_negative_advantages",
     "algo.baseline": "test_running_baseline_moves_and_is_checkpointed",
     "algo.gamma": "test_gamma_and_lam_discount_gae_over_policy_tokens",
     "algo.lam": "test_gamma_and_lam_discount_gae_over_policy_tokens",
