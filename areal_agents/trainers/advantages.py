@@ -69,6 +69,8 @@ class AdvantageKnobs(Protocol):
     @property
     def whiten_advantages(self) -> bool: ...
     @property
+    def positive_scale(self) -> float: ...
+    @property
     def negative_scale(self) -> float: ...
     @property
     def baseline(self) -> str: ...
@@ -450,8 +452,8 @@ def compute_advantages(
     adv, returns = estimator(cfg, batch)
     if cfg.whiten_advantages:
         adv = masked_whiten(adv, maskf, eps=cfg.adv_eps)
-    if cfg.negative_scale != 1.0:
-        adv = torch.where(adv < 0, adv * cfg.negative_scale, adv)
+    if cfg.positive_scale != 1.0 or cfg.negative_scale != 1.0:  # a tilt by sign, kept last
+        adv = adv * torch.where(adv > 0, cfg.positive_scale, cfg.negative_scale)
     adv = torch.where(mask.bool(), adv, torch.zeros_like(adv)).detach()
     if returns is not None:
         returns = torch.where(mask.bool(), returns, torch.zeros_like(returns)).detach()

@@ -150,15 +150,18 @@ class AlgoConfig:
     """Added to the std before dividing (TRL uses 1e-4)."""
     whiten_advantages: bool = False
     """Whiten the final advantages over all policy tokens of the batch (PPO)."""
+    positive_scale: float = 1.0
+    """Weight on positive advantages, applied last (after whitening): ``1`` is the estimator's
+    own; below 1 the update leans on pushing down the episodes that did worse than their
+    baseline (W-REINFORCE with its lambda, Zhu et al., 2025; ``0`` is their negative-sample
+    reinforcement). Pushing down a sampled token moves its logit by ``1 - p``, little on a
+    token the policy is already sure of, while pushing one up moves a rare token a lot: on a
+    nearly greedy policy a shuffled reward's positive advantage on a wrong answer is what
+    breaks tasks (``benchmarks/README.md``, section 12)."""
     negative_scale: float = 1.0
     """Weight on negative advantages, applied last (after whitening): ``1`` is the estimator's
     own, ``0`` learns only from the episodes that did better than their baseline (as
-    rejection-sampling fine-tuning, RAFT, weighted by the advantage), and values between tilt
-    the update towards them, as asymmetric REINFORCE (AsymRE, Arnal et al., 2025) does by
-    lowering the baseline. On a nearly greedy policy the episodes that did worse than their
-    group are mostly the rare ones, so their push down buys little, while a shuffled reward's
-    push down of the policy's own likely answer is what a placebo breaks tasks with
-    (``benchmarks/README.md``, section 12)."""
+    rejection-sampling fine-tuning, RAFT, weighted by the advantage)."""
     baseline: str = "batch"
     """REINFORCE baseline: batch (mean reward of the batch) | running (EMA) | none."""
     gamma: float = 1.0
@@ -219,11 +222,14 @@ class AlgoConfig:
         for key in ("gamma", "lam"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algo.{key}={getattr(self, key)} must be in [0, 1]")
-        if not 0.0 <= self.negative_scale <= 1.0:
-            raise ConfigError(
-                f"algo.negative_scale={self.negative_scale} must be in [0, 1] (1: the "
-                "estimator's advantages; 0: positive advantages only)"
-            )
+        for key in ("positive_scale", "negative_scale"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(
+                    f"algo.{key}={getattr(self, key)} must be in [0, 1] (1: the estimator's "
+                    "advantages of that sign as they are; 0: none of them)"
+                )
+        if self.positive_scale == self.negative_scale == 0.0:
+            raise ConfigError("algo.positive_scale and algo.negative_scale are both 0: no update")
         if self.adv_eps <= 0 or self.max_log_ratio <= 0:
             raise ConfigError("algo.adv_eps and algo.max_log_ratio must be > 0")
         if self.vf_clip is not None and self.vf_clip <= 0:

@@ -238,7 +238,7 @@ def test_grpo_std_keys_change_the_advantages_as_documented() -> None:
     assert white == pytest.approx(math.sqrt((n - 1) / n), rel=1e-4)
 
 
-def test_negative_scale_weighs_only_the_negative_advantages() -> None:
+def test_positive_and_negative_scale_weigh_the_advantages_of_one_sign() -> None:
     full = step("grpo")  # one row of +A and one of -A per group, 8 tokens each
     assert full["advantage/mean"] == pytest.approx(0.0, abs=1e-6)
     half = step(algo(negative_scale=0.5))
@@ -252,9 +252,17 @@ def test_negative_scale_weighs_only_the_negative_advantages() -> None:
     # applied after whitening, which would otherwise centre the tilt away
     white = step(algo(whiten_advantages=True, negative_scale=0.0))
     assert white["advantage/mean"] > 0.4
-    for bad in (-0.1, 1.5):
-        with pytest.raises(ConfigError, match="negative_scale"):
-            algo(negative_scale=bad)
+    negative = step(algo(positive_scale=0.0))  # NSR: the worse rows only, pushed down
+    assert negative["advantage/mean"] == pytest.approx(-A, rel=1e-4)
+    assert negative["learner/rows_trained"] == 2
+    w_reinforce = step(algo(positive_scale=0.1))
+    assert w_reinforce["advantage/abs_mean"] == pytest.approx(0.55 * A, rel=1e-4)
+    for key in ("positive_scale", "negative_scale"):
+        for bad in (-0.1, 1.5):
+            with pytest.raises(ConfigError, match=key):
+                algo(**{key: bad})
+    with pytest.raises(ConfigError, match="both 0"):
+        algo(positive_scale=0.0, negative_scale=0.0)
 
 
 def test_running_baseline_moves_and_is_checkpointed(tmp_path: Path) -> None:
@@ -368,7 +376,8 @@ COVERED: dict[str, str] = {
     "algo.std_unbiased": "test_grpo_std_keys_change_the_advantages_as_documented",
     "algo.adv_eps": "test_grpo_std_keys_change_the_advantages_as_documented",
     "algo.whiten_advantages": "test_grpo_std_keys_change_the_advantages_as_documented",
-    "algo.negative_scale": "test_negative_scale_weighs_only_the_negative_advantages",
+    "algo.positive_scale": "test_positive_and_negative_scale_weigh_the_advantages_of_one_sign",
+    "algo.negative_scale": "test_positive_and_negative_scale_weigh_the_advantages_of_one_sign",
     "algo.baseline": "test_running_baseline_moves_and_is_checkpointed",
     "algo.gamma": "test_gamma_and_lam_discount_gae_over_policy_tokens",
     "algo.lam": "test_gamma_and_lam_discount_gae_over_policy_tokens",
