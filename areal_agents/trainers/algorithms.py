@@ -154,10 +154,9 @@ class AlgoConfig:
     """Weight on positive advantages, applied last (after whitening): ``1`` is the estimator's
     own; below 1 the update leans on pushing down the episodes that did worse than their
     baseline (W-REINFORCE with its lambda, Zhu et al., 2025; ``0`` is their negative-sample
-    reinforcement). Pushing down a sampled token moves its logit by ``1 - p``, little on a
-    token the policy is already sure of, while pushing one up moves a rare token a lot: on a
-    nearly greedy policy a shuffled reward's positive advantage on a wrong answer is what
-    breaks tasks (``benchmarks/README.md``, section 12)."""
+    reinforcement). Either scale below 1 breaks GRPO's zero sum within a group: on the code
+    task neither sign alone carried the signal, and each one's placebo cost at least the
+    recipe's (``benchmarks/README.md``, section 12, "Neither sign of the advantage alone")."""
     negative_scale: float = 1.0
     """Weight on negative advantages, applied last (after whitening): ``1`` is the estimator's
     own, ``0`` learns only from the episodes that did better than their baseline (as
