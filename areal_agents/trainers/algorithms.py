@@ -218,15 +218,9 @@ class AlgoConfig:
                 f"algo.behavior_imp_floor={floor} must be > 0 and below algo.behavior_imp_cap="
                 f"{cap} (e.g. 0.2 with a cap of 5), or none"
             )
-        for key in ("gamma", "lam"):
+        for key in ("gamma", "lam", "positive_scale", "negative_scale"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algo.{key}={getattr(self, key)} must be in [0, 1]")
-        for key in ("positive_scale", "negative_scale"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                raise ConfigError(
-                    f"algo.{key}={getattr(self, key)} must be in [0, 1] (1: the estimator's "
-                    "advantages of that sign as they are; 0: none of them)"
-                )
         if self.positive_scale == self.negative_scale == 0.0:
             raise ConfigError("algo.positive_scale and algo.negative_scale are both 0: no update")
         if self.adv_eps <= 0 or self.max_log_ratio <= 0:
