@@ -21,6 +21,7 @@ then), so the pure pieces — buffer, task stream, checkpoints, config — stay 
 ``advantages``         advantage estimators and ``compute_advantages``
 ``losses``             policy losses, ``aggregate`` and ``compute_policy_loss``
 ``critic``             the value loss (PPO)
+``replay``             the warm start's demonstrations replayed during RL (PPO-ptx)
 ``masked``             statistics over the policy tokens
 =====================  ============================================================
 """

@@ -161,6 +161,15 @@ class AlgoConfig:
     """Weight on negative advantages, applied last (after whitening): ``1`` is the estimator's
     own, ``0`` learns only from the episodes that did better than their baseline (as
     rejection-sampling fine-tuning, RAFT, weighted by the advantage)."""
+    replay_coef: float = 0.0
+    """Demonstration replay (InstructGPT's PPO-ptx, with the warm start's data): every update
+    adds this times the mean negative log-likelihood of ``warm_start.batch_size`` of the
+    environment's demonstrations (``trainers/replay.py``); 0: off. An anchor towards right
+    answers, which a reward with no signal does not move. With ``positive_scale`` and
+    ``negative_scale`` both 0 the run is the replay alone: the supervised control."""
+    replay_demos: int = 64
+    """Demonstrations in the replay pool, the warm start's first ones (its default 16 steps of
+    4); each update takes the next ``warm_start.batch_size`` of them, cycling."""
     baseline: str = "batch"
     """REINFORCE baseline: batch (mean reward of the batch) | running (EMA) | none."""
     gamma: float = 1.0
@@ -221,8 +230,13 @@ class AlgoConfig:
         for key in ("gamma", "lam", "positive_scale", "negative_scale"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ConfigError(f"algo.{key}={getattr(self, key)} must be in [0, 1]")
-        if self.positive_scale == self.negative_scale == 0.0:
+        if self.positive_scale == self.negative_scale == 0.0 and not self.replay_coef:
             raise ConfigError("algo.positive_scale and algo.negative_scale are both 0: no update")
+        if self.replay_coef < 0 or self.replay_demos < 1:
+            raise ConfigError(
+                f"algo.replay_coef={self.replay_coef} must be >= 0 and algo.replay_demos="
+                f"{self.replay_demos} at least 1"
+            )
         if self.adv_eps <= 0 or self.max_log_ratio <= 0:
             raise ConfigError("algo.adv_eps and algo.max_log_ratio must be > 0")
         if self.vf_clip is not None and self.vf_clip <= 0:

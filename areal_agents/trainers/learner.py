@@ -60,6 +60,7 @@ from areal_agents.trainers.losses import aggregation_normalizer, compute_policy_
 from areal_agents.trainers.modeling import ValueModel, decoder_layers, load_policy
 from areal_agents.trainers.precision import mixed_precision
 from areal_agents.trainers.probe import KLBrake, PolicyProbe
+from areal_agents.trainers.replay import ReplayRow, replay_backward, replay_chunk
 from areal_agents.types import Trajectory
 
 __all__ = ["Learner", "LearnerSpec"]
@@ -90,6 +91,10 @@ class LearnerSpec:
     use_gpu: bool = False
     max_response_tokens: int | None = None
     """The per-turn token limit of the rollouts (``inference.max_tokens``; overlong penalty)."""
+    replay: tuple[ReplayRow, ...] = ()
+    """The demonstration replay pool (``algo.replay_coef``; ``trainers/replay.py``)."""
+    replay_batch: int = 4
+    """Replayed demonstrations per update (``warm_start.batch_size``)."""
 
 
 def _lr_factor(cfg: TrainerConfig, step: int) -> float:
@@ -256,6 +261,7 @@ class Learner(LearnerState):
         minibatches = split_minibatches(batch.group_ids, cfg.minibatches)
         live = self._live_rows(adv, batch.loss_mask)
         self._log_weights = []
+        updates = 0
         for epoch in range(cfg.ppo_epochs):
             self._record_weights = epoch == 0  # the data against the step-start policy
             for rows in minibatches:
@@ -273,6 +279,12 @@ class Learner(LearnerState):
                     self.critic_optimizer.zero_grad(set_to_none=True)
                 for mb in mbs:
                     self._micro_step(batch, mb, adv, returns, pre, norm, sums)
+                if algo.replay_coef > 0:  # the anchor: every update, the next demonstrations
+                    update = self.step * self.updates_per_step + updates  # resumes in place
+                    chunk = replay_chunk(spec.replay, update, spec.replay_batch)
+                    nll = replay_backward(self.model, chunk, algo.replay_coef, self.device)
+                    sums["replay/nll"] += nll / spec.world_size  # each rank: the same chunk
+                updates += 1
                 sums["grad_norm"] += self._clip_and_step(self.model, self.optimizer)
                 if self.critic is not None:
                     sums["value/grad_norm"] += self._clip_and_step(

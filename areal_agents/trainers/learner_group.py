@@ -9,6 +9,7 @@ its last checkpoint (``trainers/loop.py``).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from areal_agents.trainers.checkpoint import read_files, write_files
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.learner import Learner, LearnerSpec
 from areal_agents.trainers.placement import Placement, run_bundles, weights_mb
+from areal_agents.trainers.replay import ReplayRow
 from areal_agents.trainers.runtime import remote_class
 from areal_agents.types import Trajectory
 
@@ -50,7 +52,11 @@ class LearnerGroup:
     """
 
     def __init__(
-        self, cfg: TrainConfig, model_dir: Path, placement: Placement | None = None
+        self,
+        cfg: TrainConfig,
+        model_dir: Path,
+        placement: Placement | None = None,
+        replay: Sequence[ReplayRow] = (),
     ) -> None:
         world = cfg.trainer.learner_ranks
         self._own_placement: Placement | None = None
@@ -82,6 +88,8 @@ class LearnerGroup:
                     world_size=world,
                     use_gpu=use_gpu,
                     max_response_tokens=cfg.inference.max_tokens,
+                    replay=tuple(replay),
+                    replay_batch=cfg.warm_start.batch_size,
                 )
             )
             for rank in range(world)

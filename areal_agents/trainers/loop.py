@@ -85,6 +85,7 @@ from areal_agents.trainers.placement import (
     run_bundles,
     weights_mb,
 )
+from areal_agents.trainers.replay import replay_rows
 from areal_agents.trainers.report import refresh_report
 from areal_agents.trainers.runtime import (
     choose_run_dir,
@@ -187,6 +188,7 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
         # learners start from it; a resumed run's checkpoint holds every weight anyway
         warm = run_warm_start(cfg, model_dir, run_dir, held_out) if resume_from is None else None
         learner_dir = run_dir / "warm_start" if warm else shared_dir  # weights only: no template
+        replay = replay_rows(cfg, model_dir, held_out) if cfg.algo.replay_coef > 0 else []
         clock.mark("warm_start_s")
         started_ray = start_ray(cfg.ray, object_store_mb=store_mb)
         stop.install()
@@ -195,7 +197,7 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
         on_nodes = placement if on_cluster else None  # local servers are this process's children
         # ---- set-up: learners (loading meanwhile), servers, buffer; restore the checkpoint --
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="learners") as pool:
-            building = pool.submit(LearnerGroup, cfg, learner_dir, placement)
+            building = pool.submit(LearnerGroup, cfg, learner_dir, placement, replay)
             servers = start_servers(
                 serving,
                 shared_dir,

@@ -112,10 +112,15 @@ def batch(offset: float = 0.0, **kw: Any) -> list[Trajectory]:
 
 
 def learner(
-    algo: AlgoConfig | str = "grpo", *, model: ModelConfig | None = None, **trainer: Any
+    algo: AlgoConfig | str = "grpo",
+    *,
+    model: ModelConfig | None = None,
+    replay: tuple[tuple[list[int], list[int]], ...] = (),
+    **trainer: Any,
 ) -> Learner:
     """A set-up learner on the tiny model (``model``: its ``ModelConfig``, default
-    ``name="tiny"``), ``trainer``: ``TrainerConfig`` fields."""
+    ``name="tiny"``; ``replay``: its demonstration replay pool), ``trainer``: ``TrainerConfig``
+    fields."""
     algo_cfg = AlgoConfig.from_name(algo) if isinstance(algo, str) else algo
     trainer_cfg = TrainerConfig(**{"lr": 1e-3, "groups_per_step": 2, **trainer})
     spec = LearnerSpec(
@@ -127,6 +132,7 @@ def learner(
         rank=0,
         world_size=1,
         max_response_tokens=MAX_TOKENS,
+        replay=replay,
     )
     out = Learner(spec)
     out.setup("127.0.0.1", _port())

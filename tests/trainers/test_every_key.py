@@ -378,6 +378,10 @@ COVERED: dict[str, str] = {
     "algo.whiten_advantages": "test_grpo_std_keys_change_the_advantages_as_documented",
     "algo.positive_scale": "test_positive_and_negative_scale_weigh_the_advantages_of_one_sign",
     "algo.negative_scale": "test_positive_and_negative_scale_weigh_the_advantages_of_one_sign",
+    "algo.replay_coef": "tests/trainers/test_replay.py::"
+    "test_replay_adds_the_demonstrations_loss_to_every_update",
+    "algo.replay_demos": "tests/trainers/test_replay.py::"
+    "test_replay_demos_sizes_the_pool_of_non_held_out_demonstrations",
     "algo.baseline": "test_running_baseline_moves_and_is_checkpointed",
     "algo.gamma": "test_gamma_and_lam_discount_gae_over_policy_tokens",
     "algo.lam": "test_gamma_and_lam_discount_gae_over_policy_tokens",
