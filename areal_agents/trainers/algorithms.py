@@ -169,7 +169,8 @@ class AlgoConfig:
     ``negative_scale`` both 0 the run is the replay alone: the supervised control. Measured on
     the code task (``benchmarks/README.md``, section 12, "Demonstration replay"): at 1 the
     group placebo's cost fell from 28.1 points to 3.1 against that control, and the control
-    gained as much as RL with replay (+9.4 and +15.6 against +9.4 and +18.0): off by default."""
+    gained as much as RL with replay (+9.4, +19.5 and +15.6 against +9.4, +17.2 and +18.0 on
+    seeds 0, 1 and 2): off by default."""
     replay_demos: int = 64
     """Demonstrations in the replay pool, the warm start's first ones (its default 16 steps of
     4); each update takes the next ``warm_start.batch_size`` of them, cycling."""
