@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.config import TrainConfig
 
@@ -67,17 +65,12 @@ def replay_chunk(rows: Sequence[ReplayRow], step: int, size: int) -> list[Replay
 
 def replay_backward(model: Any, rows: Sequence[ReplayRow], coef: float, device: Any) -> float:
     """Add the gradient of ``coef`` times the mean negative log-likelihood of ``rows``'
-    assistant tokens (each token predicted from the ones before it) to ``model``'s, one row at
-    a time (no padding, little memory); returns that mean, the loss before ``coef``."""
+    assistant tokens to ``model``'s (the warm start's own loss,
+    :func:`~areal_agents.trainers.warm_start.demonstration_backward`); returns that mean, the
+    loss before ``coef``."""
+    from areal_agents.trainers.warm_start import demonstration_backward
+
     targets = sum(sum(mask[1:]) for _, mask in rows)
     if not targets:
         return 0.0
-    total = 0.0
-    for ids, mask in rows:
-        x = torch.tensor([ids], device=device)
-        where = torch.tensor(mask[1:], dtype=torch.bool, device=device)
-        logits = model(input_ids=x).logits[0, :-1][where].float()
-        loss = torch.nn.functional.cross_entropy(logits, x[0, 1:][where], reduction="sum")
-        (loss * (coef / targets)).backward()
-        total += float(loss.detach())
-    return total / targets
+    return demonstration_backward(model, rows, coef / targets, device) / targets

@@ -37,6 +37,7 @@ __all__ = [
     "DEMO_SEED",
     "DEMO_SEED_STRIDE",
     "NO_DEMONSTRATION_PROBE",
+    "demonstration_backward",
     "demonstrations",
     "encode_demonstration",
     "lean_finished_run",
@@ -146,6 +147,28 @@ def encode_demonstration(
     return full, mask
 
 
+def demonstration_backward(
+    model: Any, rows: Sequence[tuple[list[int], list[int]]], weight: float, device: Any = None
+) -> float:
+    """Add the gradient of ``weight`` times the summed negative log-likelihood of ``rows``'
+    trained tokens (``(ids, mask)`` as :func:`encode_demonstration` makes them, each token
+    predicted from the ones before it) to the causal LM ``model``'s; returns that sum. One row
+    at a time (no padding), with logits at the trained positions only (little memory); through
+    the model's own forward, so an FSDP-sharded learner gathers its weights as it does for RL."""
+    import torch
+
+    total = 0.0
+    for ids, mask in rows:
+        x = torch.tensor([ids], device=device)
+        keep = torch.tensor([i for i, m in enumerate(mask[1:]) if m], dtype=torch.long)
+        keep = keep.to(x.device)  # position t predicts token t + 1
+        logits = model(input_ids=x, logits_to_keep=keep).logits[0].float()
+        loss = torch.nn.functional.cross_entropy(logits, x[0, keep + 1], reduction="sum")
+        (loss * weight).backward()
+        total += float(loss.detach())
+    return total
+
+
 def run_warm_start(
     cfg: TrainConfig, model_dir: Path, run_dir: Path, exclude: frozenset[str] | None = None
 ) -> dict[str, Any] | None:
@@ -184,15 +207,7 @@ def run_warm_start(
         rows = data[step * ws.batch_size : (step + 1) * ws.batch_size]
         targets = sum(sum(mask) - 1 for _, mask in rows) or 1
         opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for row_ids, row_mask in rows:  # one at a time: no padding, little memory
-            ids = torch.tensor([row_ids])
-            where = torch.tensor(row_mask[1:], dtype=torch.bool)  # predict t+1 from t
-            hidden = policy.model(input_ids=ids).last_hidden_state[0, :-1][where]
-            logits = policy.lm_head(hidden).float()
-            loss = torch.nn.functional.cross_entropy(logits, ids[0, 1:][where], reduction="sum")
-            (loss / targets).backward()
-            total += float(loss.detach())
+        total = demonstration_backward(policy, rows, 1.0 / targets)
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
         losses.append(round(total / targets, 4))
