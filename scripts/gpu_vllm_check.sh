@@ -12,4 +12,4 @@ if [ ! -x $VENV/bin/python ] || ! $VENV/bin/python -c "import vllm" 2>/dev/null;
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 export AREAL_VLLM_PYTHON=$PWD/$VENV/bin/python AREAL_REQUIRE_RESOURCES=1
-exec .venv/bin/python -m pytest -q -p no:cacheprovider tests/policies/test_clients.py -k vllm "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider tests/policies/test_clients.py tests/policies/test_client_weight_updates.py -k vllm "$@"
