@@ -72,16 +72,30 @@ def warm(env: str, seed: int, root: Path, held_out: int, extra: Sequence[str]) -
     return info
 
 
+def _undemonstrated(seed_dir: Path) -> list[str]:
+    """The task families the seed's warm start never demonstrated
+    (``warm_start.exclude_families``)."""
+    path = seed_dir / "warm_start.json"
+    return list(read_json(path).get("exclude_families") or []) if path.is_file() else []
+
+
 def _paired(seed_dir: Path, run_dir: Path) -> dict[str, Any] | None:
+    """The paired change on the held-out tasks, and where the warm start left families out,
+    the change on those families' tasks and on the rest (``rl_gain_undemonstrated``,
+    ``rl_gain_demonstrated``)."""
     from areal_agents.stats import compare_paired
-    from areal_agents.trainers.held_out import task_families, task_successes
+    from areal_agents.trainers.held_out import demonstration_split, task_families, task_successes
 
     before = task_successes(seed_dir / "before")
     after = task_successes(run_dir / "eval" / "after")
     if not before or not after:
         return None
     families = task_families(seed_dir / "before")
-    return compare_paired(before, after, families=families).to_json()
+    out = compare_paired(before, after, families=families).to_json()
+    undemonstrated = _undemonstrated(seed_dir)
+    if undemonstrated:
+        out.update(demonstration_split(before, after, families, undemonstrated))
+    return out
 
 
 def run_variant(
@@ -107,6 +121,9 @@ def run_variant(
         "log.progress=false",
         *overrides,
     ]
+    undemonstrated = _undemonstrated(seed_dir)
+    if undemonstrated:  # the replay (and the run's report) keep the warm start's split
+        command.append(f"warm_start.exclude_families=[{','.join(undemonstrated)}]")
     start = time.time()
     load_start = os.getloadavg()[0]
     subprocess.run(command, cwd=ROOT, check=True)
@@ -156,7 +173,8 @@ def _family_ci(held_out: dict[str, Any]) -> str:
 
 
 def table(entries: Sequence[dict[str, Any]]) -> str:
-    """A markdown table: one row per env, variant and seed."""
+    """A markdown table: one row per env, variant and seed (and, for a warm start that left
+    families out, a row each for the held-out tasks of those families and of the rest)."""
     lines = [
         "| env | variant | seed | before | after | RL gain (95% CI) | CI by family (families) "
         "| fixed / broken | McNemar p | steps | update KL (sum / max) |",
@@ -166,13 +184,18 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
         h = e.get("held_out") or {}
         kls = [k for k in e.get("update_kl") or [] if k is not None]
         kl = f"{sum(kls):.1e} / {max(kls):.1e}" if kls else "-"
-        if h:
-            lo, hi = h["ci95_points"]
+        parts = [("", h)] + [
+            (f" ({side})", h[f"rl_gain_{side}"])
+            for side in ("undemonstrated", "demonstrated")
+            if h.get(f"rl_gain_{side}")
+        ]
+        for suffix, c in parts if h else []:
+            lo, hi = c["ci95_points"]
             lines.append(
-                f"| {e['env']} | {e['name']} | {e['seed']} | {100 * h['before']:.1f}% | "
-                f"{100 * h['after']:.1f}% | **{h['gain_points']:+.1f}** ({lo:+.1f} to {hi:+.1f})"
-                f" | {_family_ci(h)} | {h['improved']} / {h['regressed']} | "
-                f"{h['mcnemar_p']:.3g} | {e['steps']} | {kl} |"
+                f"| {e['env']} | {e['name']}{suffix} | {e['seed']} | {100 * c['before']:.1f}% | "
+                f"{100 * c['after']:.1f}% | **{c['gain_points']:+.1f}** ({lo:+.1f} to {hi:+.1f})"
+                f" | {_family_ci(c)} | {c['improved']} / {c['regressed']} | "
+                f"{c['mcnemar_p']:.3g} | {e['steps']} | {kl} |"
             )
     return "\n".join(lines)
 

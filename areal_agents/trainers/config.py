@@ -296,11 +296,24 @@ class WarmStartConfig:
     """Demonstrations per step (one new demonstration each; run one at a time, low memory)."""
     lr: float = 2e-5
     """AdamW learning rate of the warm start."""
+    exclude_families: tuple[str, ...] = ()
+    """Task families never demonstrated, by the warm start or the replay
+    (``<source>/<template>``, the family a task id names: ``gen/rotate`` for
+    ``gen/rotate/17``). RL still trains on them, so their held-out tasks measure what the
+    rewards teach that no demonstration did."""
 
     def __post_init__(self) -> None:
         check_numbers(self, "warm_start")
         if self.batch_size < 1:
             raise ConfigError(f"warm_start.batch_size={self.batch_size}: must be at least 1")
+        self.exclude_families = tuple(self.exclude_families)
+        for family in self.exclude_families:
+            parts = str(family).split("/")
+            if len(parts) < 2 or not all(parts):
+                raise ConfigError(
+                    f"warm_start.exclude_families: {family!r} is not a task family "
+                    "(<source>/<template>, e.g. gen/rotate)"
+                )
         if self.steps and self.lr <= 0:
             raise ConfigError(f"warm_start.lr={self.lr}: must be positive")
 

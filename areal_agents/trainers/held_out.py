@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from areal_agents.trainers.data import task_id_of
 
 __all__ = [
     "closing_screen",
+    "demonstration_split",
     "disk_mb",
     "evaluate",
     "held_out_before",
@@ -159,13 +160,18 @@ def task_families(directory: Path) -> dict[int, str]:
     return out
 
 
-def paired_gains(eval_dir: Path) -> dict[str, Any]:
+def paired_gains(eval_dir: Path, undemonstrated: Collection[str] = ()) -> dict[str, Any]:
     """The paired comparisons of the run's held-out measurements in ``eval_dir`` (``base``,
     ``before``, ``after``): ``rl_gain`` (before -> after), ``warm_start_gain`` (base ->
     before) and ``gain`` (base -> after), each a :class:`~areal_agents.stats.PairedComparison`
     as JSON, with the interval by task family where the tasks come in families (the instances
     of one template tend to be solved or failed together); a pair with a measurement missing is
-    left out."""
+    left out.
+
+    ``undemonstrated``: the task families no demonstration showed
+    (``warm_start.exclude_families``); RL's gain is then also split, on the held-out tasks of
+    those families (``rl_gain_undemonstrated``: what only the rewards taught) and on the others
+    (``rl_gain_demonstrated``)."""
     solved = {name: task_successes(eval_dir / name) for name in ("base", "before", "after")}
     families: dict[int, str] = {}
     for name in ("base", "before", "after"):  # the same tasks in each: any one names them
@@ -177,6 +183,31 @@ def paired_gains(eval_dir: Path) -> dict[str, Any]:
         first, second = solved[a], solved[b]
         if first and second and set(first) & set(second):
             out[key] = compare_paired(first, second, families=families).to_json()
+    if undemonstrated and "rl_gain" in out:
+        out.update(demonstration_split(solved["before"], solved["after"], families, undemonstrated))
+    return out
+
+
+def demonstration_split(
+    before: Mapping[int, bool] | None,
+    after: Mapping[int, bool] | None,
+    families: Mapping[int, str],
+    undemonstrated: Collection[str],
+) -> dict[str, Any]:
+    """``rl_gain_undemonstrated`` and ``rl_gain_demonstrated``: the paired change from
+    ``before`` to ``after`` on the held-out tasks whose family is in ``undemonstrated`` and on
+    the rest (a task of no family counts as demonstrated), each as
+    :class:`~areal_agents.stats.PairedComparison` JSON; a side with no task is left out."""
+    out: dict[str, Any] = {}
+    if not before or not after:
+        return out
+    names = frozenset(undemonstrated)
+    for key, inside in (("rl_gain_undemonstrated", True), ("rl_gain_demonstrated", False)):
+        tasks = [t for t in set(before) & set(after) if (families.get(t) in names) == inside]
+        if tasks:
+            out[key] = compare_paired(
+                {t: before[t] for t in tasks}, {t: after[t] for t in tasks}, families=families
+            ).to_json()
     return out
 
 
@@ -251,6 +282,13 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
         )
     else:
         lines.append("held-out success: not measured (eval.held_out_tasks=0)")
+    for key, words in (
+        ("rl_gain_undemonstrated", "families never demonstrated"),
+        ("rl_gain_demonstrated", "demonstrated families"),
+    ):
+        part = held.get(key)
+        if held.get("tasks") and part:  # RL's gain split by warm_start.exclude_families
+            lines.append(f"    on {words} ({part.get('n')} tasks):{_paired_line(part)}")
     lines.append(
         f"training reward (mean of a batch): first {summary.get('reward_first')}, "
         f"last {summary.get('reward_last')}"

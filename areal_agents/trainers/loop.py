@@ -427,7 +427,8 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
                 "base": base,
                 "before": before,
                 "after": after,
-                **paired_gains(run_dir / "eval"),  # each change on the same tasks, with its CI
+                # each change on the same tasks, with its CI
+                **paired_gains(run_dir / "eval", cfg.warm_start.exclude_families),
             },
             "final_weights": str(weights) if weights.is_dir() else None,
             "disk_mb": {

@@ -127,7 +127,13 @@ def _script_safe(data: Any) -> str:
 #: The held-out measurements, in order, and what the page calls them.
 _HELD_OUT = (("base", "base model"), ("before", "after the warm start"), ("after", "after RL"))
 #: The paired changes ``summary.json`` holds (``trainers/held_out.py:paired_gains``).
-_CHANGES = (("warm_start_gain", "warm start"), ("rl_gain", "RL"), ("gain", "warm start + RL"))
+_CHANGES = (
+    ("warm_start_gain", "warm start"),
+    ("rl_gain", "RL"),
+    ("rl_gain_undemonstrated", "RL, on families never demonstrated"),
+    ("rl_gain_demonstrated", "RL, on demonstrated families"),
+    ("gain", "warm start + RL"),
+)
 
 
 def _interval(value: Any) -> list[float] | None:

@@ -69,8 +69,11 @@ def demonstrations(
     demonstration (a reference answer) is taken as written; a longer one is played through
     ``step``, so that its tool results are the environment's own, and kept only when it ends
     scoring full reward. ``[]`` when the environment has no demonstrations. Tasks whose id is in
-    ``exclude`` are skipped. The tasks depend on ``trainer.seed`` (see
-    :data:`DEMO_SEED_STRIDE`)."""
+    ``exclude``, or whose family is in ``warm_start.exclude_families``, are skipped. The tasks
+    depend on ``trainer.seed`` (see :data:`DEMO_SEED_STRIDE`)."""
+    from areal_agents.trainers.held_out import task_family
+
+    families = frozenset(cfg.warm_start.exclude_families)
     env = make_env(cfg.env.name, **cfg.env.make_kwargs())
     out: list[tuple[list[Message], list[Any]]] = []
     try:
@@ -87,7 +90,7 @@ def demonstrations(
             if task is None:  # not a MultiTurnEnv: no task to demonstrate
                 return []
             task_id = info.get("task_id") or task_id_of(env, seed - 1)
-            if exclude and task_id in exclude:
+            if (exclude and task_id in exclude) or task_family(task_id) in families:
                 continue
             turns = hook(task)
             if not turns:
@@ -217,6 +220,7 @@ def run_warm_start(
         "batch_size": ws.batch_size,
         "lr": ws.lr,
         "demos": len(data),
+        "exclude_families": list(ws.exclude_families),
         "losses": losses,
         "train_s": round(time.perf_counter() - start, 1),
         "torch_threads": torch.get_num_threads(),

@@ -86,3 +86,36 @@ def test_rescore_recomputes_each_comparison_by_family_from_the_runs(tmp_path: Pa
     assert real["family_ci95_points"][0] < real["ci95_points"][0]
     assert got[1] == stored[1]  # kept as it was
     assert "| 12 / 0 |" in rl_gain.table(got[:1]) and "(12) |" in rl_gain.table(got[:1])
+    # a warm start that left families out: the RL gain on them and on the rest, row by row
+    (seed_dir / "warm_start.json").write_text(json.dumps({"exclude_families": ["gen/t0"]}))
+    split = rl_gain.rescore(stored, tmp_path)[0]["held_out"]
+    assert split["rl_gain_undemonstrated"]["improved"] == 4  # gen/t0's 4 tasks
+    assert split["rl_gain_demonstrated"]["improved"] == 8 and split["improved"] == 12
+    rows = rl_gain.table([{**stored[0], "held_out": split}]).splitlines()[2:]
+    assert [r.split(" | ")[1] for r in rows] == [
+        "real",
+        "real (undemonstrated)",
+        "real (demonstrated)",
+    ]
+
+
+def test_a_run_from_a_warm_start_with_families_left_out_keeps_them_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed_dir = tmp_path / "code_sandbox-seed0"
+    seed_dir.mkdir()
+    info = {"train_s": 100.0, "exclude_families": ["gen/rotate", "gen/fizz"]}
+    (seed_dir / "warm_start.json").write_text(json.dumps(info))
+    commands: list[list[str]] = []
+
+    def fake(command: list[str], **_: Any) -> None:  # the train run stops short of a summary
+        commands.append(command)
+        raise RuntimeError("not run")
+
+    monkeypatch.setattr(rl_gain.subprocess, "run", fake)
+    with pytest.raises(RuntimeError, match="not run"):
+        rl_gain.run_variant("code_sandbox", 0, tmp_path, "v", ["algo.replay_coef=1"], 128)
+    (command,) = commands
+    # the replay draws its pool as the warm start drew it, and the run's report splits RL's gain
+    assert command[-1] == "warm_start.exclude_families=[gen/rotate,gen/fizz]"
+    assert "trainer.time_budget_s=1100" in command

@@ -15,6 +15,7 @@ from areal_agents.trainers.held_out import (
     task_families,
     task_successes,
 )
+from areal_agents.trainers.report import held_out_view
 
 
 def _eval(
@@ -126,3 +127,29 @@ def test_paired_gains_and_the_closing_screen_show_the_interval_by_template(tmp_p
                             "rl_gain": rl}}  # fmt: skip
     assert "95% CI by family (13) " in closing_screen(summary)
     assert task_families(tmp_path / "missing") == {}
+
+
+def test_rl_gain_is_split_between_demonstrated_and_undemonstrated_families(
+    tmp_path: Path,
+) -> None:
+    # 48 tasks of 12 templates; t0-t5 were never demonstrated (warm_start.exclude_families)
+    ids = [f"gen/t{i % 12}/{1000 + i}" for i in range(48)]
+    ids[47] = "HumanEval/3"  # no family: counted with the demonstrated ones
+    _eval(tmp_path / "before", [i % 12 >= 6 for i in range(48)], ids=ids)
+    after = [i % 12 >= 6 or i % 12 < 2 for i in range(48)]  # RL fixes t0 and t1 (8 tasks)
+    after[6] = False  # and breaks one demonstrated task
+    _eval(tmp_path / "after", after, ids=ids)
+    hidden = [f"gen/t{k}" for k in range(6)]
+    gains = paired_gains(tmp_path, hidden)
+    new, old = gains["rl_gain_undemonstrated"], gains["rl_gain_demonstrated"]
+    assert (new["n"], new["improved"], new["regressed"], new["before"]) == (24, 8, 0, 0.0)
+    assert (old["n"], old["improved"], old["regressed"], old["before"]) == (24, 0, 1, 1.0)
+    assert gains["rl_gain"]["n"] == 48 and gains["rl_gain"]["improved"] == 8
+    assert "rl_gain_undemonstrated" not in paired_gains(tmp_path)  # no split asked for
+    screen = closing_screen({"held_out": {"tasks": 48, "before": {}, "after": {}, **gains}})
+    assert "on families never demonstrated (24 tasks):  (+33.3 points" in screen
+    assert "on demonstrated families (24 tasks):  (-4.2 points" in screen
+    view = held_out_view({"held_out": {"tasks": 48, **gains}}, tmp_path)  # report.html
+    changes = {c["key"]: c for c in view["changes"]}
+    assert changes["rl_gain_undemonstrated"]["label"] == "RL, on families never demonstrated"
+    assert changes["rl_gain_undemonstrated"]["improved"] == 8

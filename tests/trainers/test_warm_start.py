@@ -13,7 +13,7 @@ from areal_agents.config import load_config
 from areal_agents.envs.registry import make_env
 from areal_agents.errors import ConfigError
 from areal_agents.trainers.config import TrainConfig
-from areal_agents.trainers.held_out import held_out_task_ids
+from areal_agents.trainers.held_out import held_out_task_ids, task_family
 from areal_agents.trainers.modeling import tiny_model_path
 from areal_agents.trainers.warm_start import (
     demonstrations,
@@ -71,6 +71,25 @@ def test_each_trainer_seed_draws_its_own_demonstrations() -> None:
         again = [str(m[1]["content"]) for m, _ in demonstrations(cfg, 4)]
         assert prompts[seed] == again  # a seed's demonstrations are fixed
     assert not set(prompts[0]) & set(prompts[1])
+
+
+def test_excluded_families_are_never_demonstrated() -> None:
+    cfg = load_config(TrainConfig, CODE)
+    env = make_env(cfg.env.name, **cfg.env.make_kwargs())
+    try:
+        shown = [_task_id(env, m) for m, _ in demonstrations(cfg, 8)]
+        drop = sorted({task_family(t) or "" for t in shown})[:2]  # two families shown
+        key = f"warm_start.exclude_families=[{','.join(drop)}]"
+        cut = load_config(TrainConfig, [*CODE, key])
+        kept = [_task_id(env, m) for m, _ in demonstrations(cut, 8)]
+    finally:
+        env.close()
+    assert len(drop) == 2 and len(kept) == 8
+    assert not {task_family(t) for t in kept} & set(drop)
+    others = [t for t in shown if task_family(t) not in drop]
+    assert others and kept[: len(others)] == others  # the same draws, those families skipped
+    with pytest.raises(ConfigError, match=r"warm_start\.exclude_families: 'rotate'"):
+        load_config(TrainConfig, [*CODE, "warm_start.exclude_families=[rotate]"])
 
 
 def _task_id(env: object, messages: list[dict[str, object]]) -> str:
