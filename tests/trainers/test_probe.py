@@ -37,12 +37,15 @@ def test_update_kl_is_the_exact_kl_on_the_probe_positions(tmp_path: object) -> N
     metrics = lrn.train_step(data)
     new = _distributions(lrn, rows)
     exact = torch.cat([(o.exp() * (o - n)).sum(-1) for o, n in zip(old, new, strict=True)])
-    assert metrics["policy/update_kl"] == pytest.approx(float(exact.mean()), rel=1e-4)
+    # float32 sums in another order: up to 1.4e-4 apart (the second step, on one CPU); a KL
+    # over other positions or averaged otherwise is further off than 1e-3 (its direction is not
+    # told apart at any such tolerance: the reverse KL is within 2.2e-5 of this one)
+    assert metrics["policy/update_kl"] == pytest.approx(float(exact.mean()), rel=1e-3)
     # the next step measures from where this one ended
     second = lrn.train_step(batch(offset=-0.3))
     newer = _distributions(lrn, rows)
     exact2 = torch.cat([(o.exp() * (o - n)).sum(-1) for o, n in zip(new, newer, strict=True)])
-    assert second["policy/update_kl"] == pytest.approx(float(exact2.mean()), rel=1e-4)
+    assert second["policy/update_kl"] == pytest.approx(float(exact2.mean()), rel=1e-3)
     # a checkpoint keeps the probe's positions (and the brake's scale)
     lrn.save_checkpoint(str(tmp_path))
     again = learner(probe_tokens=12)
