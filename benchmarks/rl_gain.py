@@ -182,6 +182,8 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
     ]
     for e in entries:
         h = e.get("held_out") or {}
+        if not h:
+            continue
         kls = [k for k in e.get("update_kl") or [] if k is not None]
         kl = f"{sum(kls):.1e} / {max(kls):.1e}" if kls else "-"
         parts = [("", h)] + [
@@ -189,7 +191,7 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
             for side in ("undemonstrated", "demonstrated")
             if h.get(f"rl_gain_{side}")
         ]
-        for suffix, c in parts if h else []:
+        for suffix, c in parts:
             lo, hi = c["ci95_points"]
             lines.append(
                 f"| {e['env']} | {e['name']}{suffix} | {e['seed']} | {100 * c['before']:.1f}% | "

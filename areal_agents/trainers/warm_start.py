@@ -31,6 +31,7 @@ from areal_agents.envs.registry import make_env
 from areal_agents.files import write_json
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.data import task_id_of
+from areal_agents.trainers.held_out import task_family
 from areal_agents.types import Message as TypedMessage
 
 __all__ = [
@@ -71,8 +72,6 @@ def demonstrations(
     scoring full reward. ``[]`` when the environment has no demonstrations. Tasks whose id is in
     ``exclude``, or whose family is in ``warm_start.exclude_families``, are skipped. The tasks
     depend on ``trainer.seed`` (see :data:`DEMO_SEED_STRIDE`)."""
-    from areal_agents.trainers.held_out import task_family
-
     families = frozenset(cfg.warm_start.exclude_families)
     env = make_env(cfg.env.name, **cfg.env.make_kwargs())
     out: list[tuple[list[Message], list[Any]]] = []
