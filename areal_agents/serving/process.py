@@ -9,6 +9,12 @@ lifecycle reads (``root_url``, ``log_path``, ``process = None``, ``_log = None``
 poll interval, the log file's prefix). The child runs in its own session, so :meth:`stop`
 reaches every process it forked (vLLM's engine cores too).
 
+A server on a port it picked itself (:func:`~areal_agents.net.free_port`, the default) that finds
+the port taken when it binds (another process took it between the pick and the bind) is
+started again on a fresh port by :meth:`ServerProcess.wait_ready`, up to ``port_retries`` times;
+read ``base_url`` after :meth:`ServerProcess.wait_ready`. A port the caller named is never
+changed: that failure is an error.
+
 A server dies with the process that started it (``die_with_parent``, on by default): on Linux
 the child asks the kernel for ``parent_death_signal`` (SIGTERM) when its parent goes
 (``PR_SET_PDEATHSIG``, set before exec, with a parent check right after to close the race).
@@ -40,10 +46,12 @@ import httpx
 
 from areal_agents.cpus import affinity_hook
 from areal_agents.errors import EndpointError, WeightSyncError
+from areal_agents.net import free_port
 
 __all__ = ["ServerProcess", "parent_death_hook", "probe_health", "send_request"]
 
 _PR_SET_PDEATHSIG = 1
+_PORT_TAKEN = "address already in use"  # EADDRINUSE's text, in uvicorn's and vLLM's logs alike
 
 
 def parent_death_hook(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
@@ -115,6 +123,9 @@ class ServerProcess:
     parent_death_signal: ClassVar[int] = signal.SIGTERM
     """What the child receives when the process that started it dies."""
 
+    host: str
+    port: int
+    base_url: str
     root_url: str
     log_path: Path | None
     process: subprocess.Popen[bytes] | None
@@ -125,7 +136,13 @@ class ServerProcess:
     """Variables set in the child on top of :meth:`environment` (e.g. ``OMP_NUM_THREADS``)."""
     cpus: tuple[int, ...] | None = None
     """CPU cores the server, and every process it starts, runs on (Linux; None: all)."""
+    port_chosen: bool = False
+    """Whether the port came from :func:`~areal_agents.net.free_port` (the subclass sets it when
+    it was given none): only such a port is replaced when it turns out to be taken."""
+    port_retries: ClassVar[int] = 3
+    """Fresh ports :meth:`wait_ready` tries after the chosen one was taken before the bind."""
     _release: threading.Event | None = None
+    _log_start: int = 0
 
     def command(self) -> list[str]:
         """The command line that starts the server."""
@@ -151,6 +168,7 @@ class ServerProcess:
             self.log_path = Path(name)
         else:
             self._log = self.log_path.open("ab")
+        self._log_start = self.log_path.stat().st_size  # this start's lines begin here
         command, env, log = self.command(), {**self.environment(), **self.extra_env}, self._log
         preexec_fn = self.preexec_fn()
 
@@ -213,18 +231,49 @@ class ServerProcess:
             return ""
         return self.log_path.read_text(errors="replace")[-chars:]
 
+    def use_port(self, port: int) -> None:
+        """Serve on ``port`` from the next :meth:`start` on: ``port``, ``base_url`` and
+        ``root_url`` change together."""
+        self.port = port
+        self.root_url = f"http://{self.host}:{port}"
+        self.base_url = f"{self.root_url}/v1"
+
+    def port_was_taken(self) -> bool:
+        """Whether the last start's log says the port was in use when the server bound it."""
+        if self.log_path is None or not self.log_path.exists():
+            return False
+        with self.log_path.open("rb") as f:
+            f.seek(self._log_start)
+            return _PORT_TAKEN in f.read().decode(errors="replace").lower()
+
     def is_healthy(self) -> bool:
         """Whether ``/health`` answers 200 now."""
         return probe_health(self.root_url)
 
     def wait_ready(self, timeout: float = 180.0) -> Self:
-        """Block until ``/health`` answers; raise :class:`EndpointError` if it dies or times out."""
+        """Block until ``/health`` answers; raise :class:`EndpointError` if it dies or times out.
+
+        A server that died because its chosen port was taken (:attr:`port_chosen`) is started
+        again on a fresh port, within the same ``timeout``.
+        """
         if self.process is None:
             self.start()
         assert self.process is not None
         deadline = time.monotonic() + timeout
+        retries = self.port_retries if self.port_chosen else 0
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if retries > 0 and self.port_was_taken():
+                    retries -= 1
+                    taken = self.port
+                    self.stop()
+                    self.use_port(free_port(self.host))
+                    log_line = f"[areal] port {taken} was taken; starting again on {self.port}\n"
+                    if self.log_path is not None:
+                        with self.log_path.open("a") as f:
+                            f.write(log_line)
+                    self.start()
+                    continue
                 raise EndpointError(
                     f"{self.display_name} exited with code {self.process.returncode}:\n"
                     + self.log_tail()

@@ -116,7 +116,7 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
     Args:
         model: a local HF directory, or ``"default"`` for the offline SmolLM2-135M-Instruct.
         host: the address to bind (loopback unless a cluster needs another).
-        port: 0 picks a free port.
+        port: 0 picks a free port (another one if it is taken before the server binds it).
         served_model_name: the ``model`` clients send (default: the model's directory name, or
             ``SmolLM2-135M-Instruct`` for the default model).
         extra_args: more ``serve`` flags (``["--max-batch-size", "8"]``).
@@ -155,6 +155,7 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
         )
         self.host = host
         self.port = port or free_port()
+        self.port_chosen = not port  # a taken one is replaced (ServerProcess.wait_ready)
         self.max_model_len = max_model_len
         self.device = device
         self.extra_args = tuple(extra_args)

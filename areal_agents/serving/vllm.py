@@ -179,6 +179,7 @@ class VLLMServer(ServerProcess):
         )
         self.host = host
         self.port = port or free_port()
+        self.port_chosen = not port  # a taken one is replaced (ServerProcess.wait_ready)
         self.max_model_len = max_model_len
         self.dtype = dtype
         self.extra_args = list(extra_args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from areal_agents.errors import EndpointError
 from areal_agents.serving.process import ServerProcess, parent_death_hook
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics")
@@ -215,3 +217,95 @@ def test_cpus_place_the_server_and_what_it_starts() -> None:
     assert unset == os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # no cpus: left as it is
     vllm.cpus = (0, 1)
     assert vllm.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"  # its OpenMP threads too
+
+
+HTTP_CHILD = textwrap.dedent(
+    """
+    import http.server, sys
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+    """
+)
+
+
+class PortChild(ServerProcess):
+    """A ServerProcess serving ``/health`` on its port, as a real server binds it."""
+
+    def __init__(self, port: int, *, chosen: bool) -> None:
+        self.host = "127.0.0.1"
+        self.log_path = None
+        self.process = None
+        self._log = None
+        self.use_port(port)
+        self.port_chosen = chosen
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", HTTP_CHILD, str(self.port)]
+
+
+@pytest.fixture
+def taken_port() -> Any:
+    """A loopback port another socket listens on for the whole test."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def test_a_chosen_port_found_taken_is_replaced_by_a_free_one(taken_port: int) -> None:
+    server = PortChild(taken_port, chosen=True)
+    try:
+        server.start().wait_ready(timeout=60)
+        assert server.port != taken_port
+        assert server.base_url == f"http://127.0.0.1:{server.port}/v1"
+        assert server.is_healthy()
+        assert server.log_path is not None
+        log = server.log_path.read_text()
+        assert "address already in use" in log.lower()
+        assert f"port {taken_port} was taken; starting again on {server.port}" in log
+    finally:
+        server.stop()
+
+
+def test_a_port_the_caller_named_is_never_replaced(taken_port: int) -> None:
+    server = PortChild(taken_port, chosen=False)
+    with pytest.raises(EndpointError, match=r"(?i)address already in use"):
+        server.start().wait_ready(timeout=60)
+    assert server.port == taken_port
+    server.stop()
+
+
+def test_a_port_taken_every_time_fails_after_the_retries(
+    taken_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    picks: list[str] = []
+
+    def always_taken(host: str = "127.0.0.1") -> int:
+        picks.append(host)
+        return taken_port
+
+    monkeypatch.setattr("areal_agents.serving.process.free_port", always_taken)
+    server = PortChild(taken_port, chosen=True)
+    with pytest.raises(EndpointError, match=r"(?i)address already in use"):
+        server.start().wait_ready(timeout=60)
+    assert len(picks) == PortChild.port_retries
+    server.stop()
+
+
+def test_the_servers_replace_only_a_port_they_chose() -> None:
+    from areal_agents.serving.server import BuiltinServer
+    from areal_agents.serving.vllm import VLLMServer
+
+    for kind in (BuiltinServer, VLLMServer):
+        assert kind(port=0).port_chosen
+        named = kind(port=8123)
+        assert not named.port_chosen
+        assert named.base_url == "http://127.0.0.1:8123/v1"
