@@ -16,6 +16,7 @@ variant's overrides. Each variant's held-out success after RL is paired with the
     python -m benchmarks.rl_gain table      # one row per run
     python -m benchmarks.rl_gain variants   # one row per variant, over its seeds
     python -m benchmarks.rl_gain rescore    # recompute every stored comparison from its runs
+    python -m benchmarks.rl_gain compare --seeds 0,1,2 --name default --against placebo
 
 The held-out code tasks come in families (the 24 templates, 2-10 tasks each, and a greedy
 policy tends to solve a template's tasks all or none), so beside the task-level interval every
@@ -23,6 +24,11 @@ comparison carries the interval that resamples whole families (``family_ci95_poi
 honest one for a claim about the recipe. The tables also show the policy's total movement, the
 sum of the per-step probe KLs (``policy/update_kl``): a gain per unit of movement tells signal
 from drift better than either alone.
+
+``compare`` pairs two variants' held-out outcomes after RL task by task (RL against its placebo
+or its supervised control; ``--against before`` is the warm start), per seed and pooled over the
+seeds (each seed's families resampled as clusters), split like the runs where the warm start
+left families out.
 
 Results: ``<root>/<env>-seed<S>/<name>/`` (the run) and ``benchmarks/results/rl_gain.json``
 (one entry per env, seed and variant, replaced when re-run).
@@ -42,7 +48,7 @@ from typing import Any
 
 from areal_agents.files import read_json, read_jsonl, write_json
 
-__all__ = ["by_variant", "main", "rescore", "run_variant", "table", "warm"]
+__all__ = ["by_variant", "compare", "main", "rescore", "run_variant", "table", "warm"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "rl_gain.json"
@@ -202,6 +208,63 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _outcomes(seed_dir: Path, name: str) -> dict[int, bool]:
+    """A variant's held-out successes after RL (``before``: the warm start's); empty if unscored."""
+    from areal_agents.trainers.held_out import task_successes
+
+    where = seed_dir / "before" if name == "before" else seed_dir / name / "eval" / "after"
+    return dict(task_successes(where) or {})
+
+
+def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str) -> str:
+    """A markdown table: ``name``'s held-out outcomes paired with ``against``'s on the same
+    tasks, per seed and pooled over the seeds, with a row each for the families the warm start
+    never demonstrated and for the rest where it left some out. A seed where either variant has
+    no held-out result is skipped."""
+    from areal_agents.stats import PairedComparison, compare_paired
+    from areal_agents.trainers.held_out import task_families
+
+    lines = [
+        f"| env | {name} against {against} | seed | tasks | {against} | {name} | change (95% CI) "
+        "| CI by family (families) | fixed / broken | McNemar p |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    pooled: dict[str, tuple[dict[Any, bool], dict[Any, bool]]] = {}
+    clusters: dict[Any, Any] = {}
+
+    def row(seed: str, tasks: str, c: PairedComparison) -> None:
+        lo, hi = c.ci95_points
+        lines.append(
+            f"| {env} | {name} against {against} | {seed} | {tasks} | {100 * c.before:.1f}% | "
+            f"{100 * c.after:.1f}% | **{c.gain_points:+.1f}** ({lo:+.1f} to {hi:+.1f}) | "
+            f"{_family_ci(c.to_json())} | {c.improved} / {c.regressed} | {c.mcnemar_p:.3g} |"
+        )
+
+    for seed in seeds:
+        seed_dir = _seed_dir(root, env, seed)
+        base, other = _outcomes(seed_dir, against), _outcomes(seed_dir, name)
+        if not base or not other:
+            continue
+        families = task_families(seed_dir / "before")
+        undemonstrated = frozenset(_undemonstrated(seed_dir))
+        sides = {"all": set(base) & set(other)}
+        if undemonstrated:
+            sides["undemonstrated"] = {t for t in sides["all"] if families.get(t) in undemonstrated}
+            sides["demonstrated"] = sides["all"] - sides["undemonstrated"]
+        for side, tasks in sides.items():
+            if not tasks:
+                continue
+            b, a = {t: base[t] for t in tasks}, {t: other[t] for t in tasks}
+            row(str(seed), side, compare_paired(b, a, families=families))
+            pb, pa = pooled.setdefault(side, ({}, {}))
+            for t in tasks:
+                pb[(seed, t)], pa[(seed, t)] = b[t], a[t]
+                clusters[(seed, t)] = (seed, families.get(t, t))
+    for side, (pb, pa) in pooled.items():
+        row("pooled", side, compare_paired(pb, pa, families=clusters))
+    return "\n".join(lines)
+
+
 def rescore(entries: Sequence[dict[str, Any]], root: Path) -> list[dict[str, Any]]:
     """``entries`` with each held-out comparison recomputed from its runs' transcripts under
     ``root`` (an entry whose runs are not there is kept as it was)."""
@@ -243,18 +306,27 @@ def by_variant(entries: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("warm", "run", "table", "variants", "rescore"))
+    parser.add_argument(
+        "action", choices=("warm", "run", "table", "variants", "rescore", "compare")
+    )
     parser.add_argument("--env", default="code_sandbox")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--root", default="runs/rl_gain")
     parser.add_argument("--name", default="default", help="the variant's name (run)")
     parser.add_argument("--held-out", type=int, default=128)
+    parser.add_argument(
+        "--against", default="before", help="the variant --name is paired with (compare)"
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides of the variant (run)")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     root = Path(args.root)
     if args.action in ("table", "variants"):
         entries = read_json(RESULTS) if RESULTS.is_file() else []
         print(table(entries) if args.action == "table" else by_variant(entries))
+        return
+    if args.action == "compare":
+        seeds = [int(s) for s in args.seeds.split(",")]
+        print(compare(args.env, seeds, root, args.name, args.against))
         return
     if args.action == "rescore":
         entries = rescore(read_json(RESULTS) if RESULTS.is_file() else [], root)

@@ -119,3 +119,39 @@ def test_a_run_from_a_warm_start_with_families_left_out_keeps_them_out(
     # the replay draws its pool as the warm start drew it, and the run's report splits RL's gain
     assert command[-1] == "warm_start.exclude_families=[gen/rotate,gen/fizz]"
     assert "trainer.time_budget_s=1100" in command
+
+
+def write_outcomes(where: Path, ids: list[str], solved: list[bool]) -> None:
+    where.mkdir(parents=True)
+    pairs = zip(ids, solved, strict=True)
+    rows = [{"task_index": i, "task_id": t, "reward": float(ok)} for i, (t, ok) in enumerate(pairs)]
+    (where / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_compare_pairs_two_variants_per_seed_pooled_and_split(tmp_path: Path) -> None:
+    ids = [f"gen/t{i % 12}/{i}" for i in range(48)]
+    for seed, fixed_by_a in ((0, 3), (1, 2)):
+        seed_dir = tmp_path / f"code_sandbox-seed{seed}"
+        write_outcomes(seed_dir / "before", ids, [False] * 48)
+        write_outcomes(seed_dir / "b" / "eval" / "after", ids, [i % 12 == 0 for i in range(48)])
+        a_solved = [i % 12 < fixed_by_a for i in range(48)]  # B's template t0, and more
+        a_solved[0] = False  # one task of t0 that B solved, lost
+        write_outcomes(seed_dir / "a" / "eval" / "after", ids, a_solved)
+        (seed_dir / "warm_start.json").write_text(json.dumps({"exclude_families": ["gen/t1"]}))
+    write_outcomes(tmp_path / "code_sandbox-seed2" / "before", ids, [False] * 48)  # no runs
+
+    out = rl_gain.compare("code_sandbox", [0, 1, 2], tmp_path, "a", "b")
+    rows = {tuple(r.split(" | ")[2:4]): r for r in out.splitlines()[2:]}
+    sides = ("all", "undemonstrated", "demonstrated")
+    # seed 2 has neither variant: skipped
+    assert list(rows) == [(s, side) for s in ("0", "1", "pooled") for side in sides]
+    fixed_broken = {k: r.split(" | ")[8] for k, r in rows.items()}
+    assert fixed_broken[("0", "all")] == "8 / 1"  # t1 and t2 gained (4 each), one t0 task lost
+    assert fixed_broken[("0", "undemonstrated")] == "4 / 0"  # t1 only
+    assert fixed_broken[("1", "all")] == "4 / 1"
+    assert fixed_broken[("pooled", "all")] == "12 / 2"
+    assert fixed_broken[("pooled", "undemonstrated")] == "8 / 0"
+    assert "(24) |" in rows[("pooled", "all")]  # 12 templates of each seed, resampled as clusters
+    assert "| 8.3% | 22.9% |" in rows[("0", "all")]  # b, then a
+    against_before = rl_gain.compare("code_sandbox", [0], tmp_path, "a", "before")
+    assert "| 0.0% | 22.9% |" in against_before.splitlines()[2]
