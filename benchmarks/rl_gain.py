@@ -37,6 +37,7 @@ Results: ``<root>/<env>-seed<S>/<name>/`` (the run) and ``benchmarks/results/rl_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -178,6 +179,18 @@ def _family_ci(held_out: dict[str, Any]) -> str:
     return "-" if ci is None else f"{ci[0]:+.1f} to {ci[1]:+.1f} ({held_out.get('families')})"
 
 
+def _cells(c: dict[str, Any]) -> str:
+    """A paired comparison's cells from its fields (as :meth:`PairedComparison.to_json` names
+    them): before, after, the gain with its interval, the interval by family, fixed / broken,
+    McNemar's p."""
+    lo, hi = c["ci95_points"]
+    return (
+        f"{100 * c['before']:.1f}% | {100 * c['after']:.1f}% | **{c['gain_points']:+.1f}** "
+        f"({lo:+.1f} to {hi:+.1f}) | {_family_ci(c)} | {c['improved']} / {c['regressed']} | "
+        f"{c['mcnemar_p']:.3g}"
+    )
+
+
 def table(entries: Sequence[dict[str, Any]]) -> str:
     """A markdown table: one row per env, variant and seed (and, for a warm start that left
     families out, a row each for the held-out tasks of those families and of the rest)."""
@@ -198,12 +211,9 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
             if h.get(f"rl_gain_{side}")
         ]
         for suffix, c in parts:
-            lo, hi = c["ci95_points"]
             lines.append(
-                f"| {e['env']} | {e['name']}{suffix} | {e['seed']} | {100 * c['before']:.1f}% | "
-                f"{100 * c['after']:.1f}% | **{c['gain_points']:+.1f}** ({lo:+.1f} to {hi:+.1f})"
-                f" | {_family_ci(c)} | {c['improved']} / {c['regressed']} | "
-                f"{c['mcnemar_p']:.3g} | {e['steps']} | {kl} |"
+                f"| {e['env']} | {e['name']}{suffix} | {e['seed']} | {_cells(c)} | "
+                f"{e['steps']} | {kl} |"
             )
     return "\n".join(lines)
 
@@ -233,12 +243,8 @@ def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str)
     clusters: dict[Any, Any] = {}
 
     def row(seed: str, tasks: str, c: PairedComparison) -> None:
-        lo, hi = c.ci95_points
-        lines.append(
-            f"| {env} | {name} against {against} | {seed} | {tasks} | {100 * c.before:.1f}% | "
-            f"{100 * c.after:.1f}% | **{c.gain_points:+.1f}** ({lo:+.1f} to {hi:+.1f}) | "
-            f"{_family_ci(c.to_json())} | {c.improved} / {c.regressed} | {c.mcnemar_p:.3g} |"
-        )
+        cells = _cells(dataclasses.asdict(c))  # unrounded: to_json keeps 4 places of p
+        lines.append(f"| {env} | {name} against {against} | {seed} | {tasks} | {cells} |")
 
     for seed in seeds:
         seed_dir = _seed_dir(root, env, seed)
