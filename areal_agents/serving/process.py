@@ -231,6 +231,13 @@ class ServerProcess:
             return ""
         return self.log_path.read_text(errors="replace")[-chars:]
 
+    def pick_port(self, port: int) -> None:
+        """Serve on ``port`` on :attr:`host`; 0 picks a free one
+        (:func:`~areal_agents.net.free_port`), which :meth:`wait_ready` may replace if it is
+        taken before the bind."""
+        self.port_chosen = not port
+        self.use_port(port or free_port())
+
     def use_port(self, port: int) -> None:
         """Serve on ``port`` from the next :meth:`start` on: ``port``, ``base_url`` and
         ``root_url`` change together."""

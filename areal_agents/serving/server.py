@@ -18,7 +18,6 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar
 import httpx
 
 from areal_agents.errors import WeightSyncError
-from areal_agents.net import free_port
 from areal_agents.serving.auth import SERVER_API_KEY_ENV, auth_headers, server_api_key
 from areal_agents.serving.process import ServerProcess, probe_health, send_request
 from areal_agents.serving.weights import state_dict_to_bytes
@@ -154,15 +153,14 @@ class BuiltinServer(BuiltinServerClient, ServerProcess):
             DEFAULT_MODEL_NAME if model in ("default", DEFAULT_MODEL_NAME) else Path(model).name
         )
         self.host = host
-        self.port = port or free_port()
-        self.port_chosen = not port  # a taken one is replaced (ServerProcess.wait_ready)
+        self.pick_port(port)
         self.max_model_len = max_model_len
         self.device = device
         self.extra_args = tuple(extra_args)
         self.log_path = Path(log_path) if log_path else None
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
-        super().__init__(f"http://{host}:{self.port}/v1", api_key)
+        super().__init__(self.base_url, api_key)
 
     def environment(self) -> dict[str, str]:
         """The inherited environment, with this server's key (or none) as the child's."""

@@ -52,7 +52,6 @@ from typing import IO, TYPE_CHECKING, Any, Self
 
 from areal_agents.cpus import cpu_list
 from areal_agents.errors import DependencyError, WeightSyncError
-from areal_agents.net import free_port
 from areal_agents.policies.templates import TOOL_TEMPLATE_PATH
 from areal_agents.serving.adapters import adapter_modules, load_lora_request, save_adapter_dir
 from areal_agents.serving.auth import auth_headers, server_api_key
@@ -178,15 +177,12 @@ class VLLMServer(ServerProcess):
             DEFAULT_MODEL_NAME if model in ("default", DEFAULT_MODEL_NAME) else self.model_dir.name
         )
         self.host = host
-        self.port = port or free_port()
-        self.port_chosen = not port  # a taken one is replaced (ServerProcess.wait_ready)
+        self.pick_port(port)
         self.max_model_len = max_model_len
         self.dtype = dtype
         self.extra_args = list(extra_args)
         self.python = python
         self.log_path = Path(log_path) if log_path else None
-        self.base_url = f"http://{host}:{self.port}/v1"
-        self.root_url = f"http://{host}:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._shapes: dict[str, tuple[int, ...]] | None = None
