@@ -68,9 +68,9 @@ def replay_backward(model: Any, rows: Sequence[ReplayRow], coef: float, device: 
     assistant tokens to ``model``'s (the warm start's own loss,
     :func:`~areal_agents.trainers.warm_start.demonstration_backward`); returns that mean, the
     loss before ``coef``."""
-    from areal_agents.trainers.warm_start import demonstration_backward
+    from areal_agents.trainers.warm_start import demonstration_backward, trained_tokens
 
-    targets = sum(sum(mask[1:]) for _, mask in rows)
+    targets = trained_tokens(rows)
     if not targets:
         return 0.0
     return demonstration_backward(model, rows, coef / targets, device) / targets

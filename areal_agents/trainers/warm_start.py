@@ -39,10 +39,12 @@ __all__ = [
     "DEMO_SEED_STRIDE",
     "NO_DEMONSTRATION_PROBE",
     "demonstration_backward",
+    "demonstration_step",
     "demonstrations",
     "encode_demonstration",
     "lean_finished_run",
     "run_warm_start",
+    "trained_tokens",
     "warm_start_info",
     "warm_start_threads",
 ]
@@ -171,6 +173,35 @@ def demonstration_backward(
     return total
 
 
+def trained_tokens(rows: Sequence[tuple[list[int], list[int]]]) -> int:
+    """How many tokens ``rows`` train: position ``t`` predicts token ``t + 1``, so a row's
+    trained tokens are its mask's ones after the first token (the mean's denominator of
+    :func:`demonstration_step` and of the replay).
+
+    >>> trained_tokens([([5, 6, 7, 8], [0, 1, 1, 1]), ([5, 6], [1, 1])])
+    4
+    """
+    return sum(sum(mask[1:]) for _, mask in rows)
+
+
+def demonstration_step(
+    model: Any, optimizer: Any, rows: Sequence[tuple[list[int], list[int]]], max_grad_norm: float
+) -> float:
+    """One supervised update of ``model`` on ``rows``: the mean negative log-likelihood per
+    trained token (:func:`trained_tokens`), its gradient clipped to ``max_grad_norm``; returns
+    that mean (0.0, and no update, when ``rows`` train no token)."""
+    import torch
+
+    targets = trained_tokens(rows)
+    if not targets:
+        return 0.0
+    optimizer.zero_grad(set_to_none=True)
+    total = demonstration_backward(model, rows, 1.0 / targets)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return total / targets
+
+
 def run_warm_start(
     cfg: TrainConfig, model_dir: Path, run_dir: Path, exclude: frozenset[str] | None = None
 ) -> dict[str, Any] | None:
@@ -207,12 +238,7 @@ def run_warm_start(
     losses: list[float] = []
     for step in range(ws.steps):
         rows = data[step * ws.batch_size : (step + 1) * ws.batch_size]
-        targets = sum(sum(mask) - 1 for _, mask in rows) or 1
-        opt.zero_grad(set_to_none=True)
-        total = demonstration_backward(policy, rows, 1.0 / targets)
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-        opt.step()
-        losses.append(round(total / targets, 4))
+        losses.append(round(demonstration_step(policy, opt, rows, max_grad_norm=1.0), 4))
         print(f"warm start step {step + 1}/{ws.steps}: loss {losses[-1]:.4f}", flush=True)
     info = {
         "steps": ws.steps,

@@ -16,6 +16,7 @@ from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.held_out import held_out_task_ids, task_family
 from areal_agents.trainers.modeling import tiny_model_path
 from areal_agents.trainers.warm_start import (
+    demonstration_step,
     demonstrations,
     encode_demonstration,
     lean_finished_run,
@@ -198,6 +199,36 @@ def test_the_loss_mask_covers_the_assistant_reply_through_im_end() -> None:
     trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assert trained.startswith("```python\n") and trained.endswith("```<|im_end|>")
     assert str(messages[1]["content"]) not in trained  # the prompt is not trained on
+
+
+def test_a_warm_start_step_is_the_mean_loss_over_exactly_the_trained_tokens() -> None:
+    """Each row trains the tokens its mask marks after the first (position t predicts t + 1):
+    the step's loss, and its gradient's scale, is the mean over exactly those, not over one
+    fewer per row (the count it used to divide by)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = load_config(TrainConfig, CODE)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    rows = [encode_demonstration(tokenizer, m, t) for m, t in demonstrations(cfg, 3)]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
+    with torch.no_grad():  # the loss before the update, token by token
+        nlls = []
+        for ids, mask in rows:
+            x = torch.tensor([ids])
+            logits = model(input_ids=x).logits[0, :-1].float()
+            each = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")
+            nlls.append(each[torch.tensor(mask[1:], dtype=torch.bool)])
+    expected = float(torch.cat(nlls).mean())
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    loss = demonstration_step(model, opt, rows, max_grad_norm=1.0)
+    assert loss == pytest.approx(expected, rel=1e-4)
+    # one fewer token per row (the old count) would report the sum over fewer: visibly larger
+    fewer = float(torch.cat(nlls).sum()) / (sum(len(n) for n in nlls) - len(rows))
+    assert abs(loss - fewer) > 10 * abs(loss - expected)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert demonstration_step(model, opt, [([1, 2, 3], [1, 0, 0])], max_grad_norm=1.0) == 0.0
 
 
 def test_a_finished_run_keeps_no_optimizer_state_nor_the_warm_start_copy(tmp_path: Path) -> None:
