@@ -35,6 +35,9 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+TURN_TOKENS = 1200
+"""The overlapping turn's length: about 2 s of the CPU build's generation, begun about 0.4 s
+after the call (10-11 tokens existed at 0.5 s in every run seen)."""
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def server() -> Iterator[Any]:
         str(tiny_model_path()),
         python=str(python),
         served_model_name="policy",
-        max_model_len=512,
+        max_model_len=TURN_TOKENS + 128,
         dtype="float32",
         extra_args=["--weight-transfer-config", json.dumps({"backend": "nccl"})],
     )
@@ -85,32 +88,52 @@ def test_finish_weight_update_sets_the_version_every_response_then_carries(serve
 def test_a_turn_that_overlaps_a_version_change_keeps_the_older_version(
     server: Any, tokenizer: Any
 ) -> None:
+    """The version changes while the turn is certainly mid-generation: the engine is paused
+    (``mode=keep``: the request and its KV cache stay) when some but not all of the turn's
+    tokens exist, as the token counter reads once generation has stopped. An attempt whose
+    pause fell before the turn began or after it ended is not an overlap and is tried again,
+    later or sooner; 6 such misses fail the test."""
     from areal_agents.policies.token_client import TokenPolicy
     from areal_agents.types import Message
 
-    async def scenario() -> tuple[Any, int]:
-        policy = TokenPolicy(
-            server.base_url,
-            "policy",
-            tokenizer,
-            temperature=1.0,
-            max_tokens=400,
-            extra_body={"ignore_eos": True},
-            version_source=lambda: -1,  # never asked: the response says
-        )
+    policy = TokenPolicy(
+        server.base_url,
+        "policy",
+        tokenizer,
+        temperature=1.0,
+        max_tokens=TURN_TOKENS,
+        extra_body={"ignore_eos": True},
+        version_source=lambda: -1,  # never asked: the response says
+    )
+
+    def post(route: str, **kwargs: Any) -> None:
+        httpx.post(f"{server.root_url}/{route}", timeout=60, **kwargs).raise_for_status()
+
+    async def attempt(delay_s: float) -> tuple[Any, int, int]:
         start, version = _tokens_generated(server), int(server.weight_version())
         task = asyncio.create_task(policy.act([Message.user("Count to one hundred.")], []))
-        while _tokens_generated(server) < start + 5:  # under way
-            await asyncio.sleep(0.05)
-        body = {"new_version": str(version + 1)}  # what /finish_weight_update ends with
-        await asyncio.to_thread(
-            httpx.post, f"{server.root_url}/update_weight_version", json=body, timeout=30
-        )
-        return await task, version
+        await asyncio.sleep(delay_s)
+        await asyncio.to_thread(post, "pause", params={"mode": "keep"})
+        try:
+            # nothing generates while paused, so the counter is current
+            made = TURN_TOKENS if task.done() else _tokens_generated(server) - start
+            if 0 < made < TURN_TOKENS:  # what /finish_weight_update ends with
+                body = {"new_version": str(version + 1)}
+                await asyncio.to_thread(post, "update_weight_version", json=body)
+        finally:
+            await asyncio.to_thread(server.resume)
+        return await task, version, made
 
-    turn, version = asyncio.run(scenario())
+    delay_s, made = 0.5, 0
+    for _ in range(6):
+        turn, version, made = asyncio.run(attempt(delay_s))
+        if 0 < made < TURN_TOKENS:
+            break
+        delay_s = delay_s * 2 if made == 0 else delay_s / 2  # not yet begun: later; over: sooner
+    assert 0 < made < TURN_TOKENS, "no attempt paused the turn mid-generation"
     assert server.weight_version() == version + 1  # the counter moved on during the turn...
-    assert len(turn.versions) == 400 and set(turn.versions) == {version}  # ...its tokens did not
+    assert len(turn.versions) == TURN_TOKENS  # ...its tokens did not:
+    assert set(turn.versions) == {version}
     response = _complete(server)
     assert response.headers[START_HEADER] == str(version + 1)
 
