@@ -31,7 +31,8 @@ seeds (each seed's families resampled as clusters), split like the runs where th
 left families out.
 
 Results: ``<root>/<env>-seed<S>/<name>/`` (the run) and ``benchmarks/results/rl_gain.json``
-(one entry per env, seed and variant, replaced when re-run).
+(one entry per env, seed, variant and root, replaced when re-run; the same variant name
+under two roots is two entries, and ``rescore --root`` touches only that root's).
 """
 
 from __future__ import annotations
@@ -39,17 +40,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from areal_agents.files import read_json, read_jsonl, write_json
 
-__all__ = ["by_variant", "compare", "main", "rescore", "run_variant", "table", "warm"]
+__all__ = [
+    "by_variant",
+    "compare",
+    "main",
+    "rescore",
+    "root_of",
+    "run_variant",
+    "table",
+    "warm",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "rl_gain.json"
@@ -147,6 +158,7 @@ def run_variant(
         "env": env,
         "seed": seed,
         "name": name,
+        "root": str(root),
         "overrides": list(overrides),
         "command": " ".join(command[1:]),
         "warm_start_train_s": info["train_s"],
@@ -165,10 +177,28 @@ def run_variant(
     }
 
 
+def root_of(entry: Mapping[str, Any]) -> Path | None:
+    """The ``--root`` an entry's runs are under: its ``root``, or for an entry stored before
+    that field, two levels above the ``output_dir`` its command names
+    (``<root>/<env>-seed<S>/<name>``); None when neither says.
+
+    >>> root_of({"command": "-m areal_agents.train output_dir=runs/x/code_sandbox-seed0/v"})
+    PosixPath('runs/x')
+    """
+    if entry.get("root"):
+        return Path(str(entry["root"]))
+    found = re.search(r"(?:^|\s)output_dir=(\S+)", str(entry.get("command", "")))
+    return Path(found.group(1)).parent.parent if found else None
+
+
+def _key(entry: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What one stored result is of: the same variant name under two roots is two results."""
+    return (entry["env"], entry["seed"], entry["name"], root_of(entry))
+
+
 def _store(entry: dict[str, Any]) -> None:
     entries = list(read_json(RESULTS)) if RESULTS.is_file() else []
-    key = (entry["env"], entry["seed"], entry["name"])
-    entries = [e for e in entries if (e["env"], e["seed"], e["name"]) != key] + [entry]
+    entries = [e for e in entries if _key(e) != _key(entry)] + [entry]
     entries.sort(key=lambda e: (e["env"], e["name"], e["seed"]))
     write_json(RESULTS, entries)
 
@@ -273,9 +303,12 @@ def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str)
 
 def rescore(entries: Sequence[dict[str, Any]], root: Path) -> list[dict[str, Any]]:
     """``entries`` with each held-out comparison recomputed from its runs' transcripts under
-    ``root`` (an entry whose runs are not there is kept as it was)."""
+    ``root`` (an entry of another root, or whose runs are not there, is kept as it was)."""
     out = []
     for e in entries:
+        if root_of(e) not in (None, root):  # the same name under another root: not this run
+            out.append(dict(e))
+            continue
         seed_dir = _seed_dir(root, e["env"], int(e["seed"]))
         paired = _paired(seed_dir, seed_dir / e["name"])
         out.append({**e, "held_out": paired} if paired else dict(e))

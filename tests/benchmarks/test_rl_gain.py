@@ -99,6 +99,37 @@ def test_rescore_recomputes_each_comparison_by_family_from_the_runs(tmp_path: Pa
     ]
 
 
+def test_the_same_variant_name_under_two_roots_is_two_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Results are kept per root: storing a name under a second root adds a result, and
+    rescoring one root leaves the other's (whose runs it does not hold) as stored, even where
+    that root has a run of the same name."""
+    seed_dir = tmp_path / "a" / "code_sandbox-seed0"
+    for where, solved in (("before", [False] * 4), ("real/eval/after", [True] * 4)):
+        (seed_dir / where).mkdir(parents=True)
+        rows = [
+            {"task_index": i, "task_id": f"gen/t/{i}", "reward": float(ok)}
+            for i, ok in enumerate(solved)
+        ]
+        (seed_dir / where / "transcripts.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+    monkeypatch.setattr(rl_gain, "RESULTS", tmp_path / "rl_gain.json")
+    here = {**entry("real", 0, 1.0, 1, 0), "root": str(tmp_path / "a")}
+    # stored before entries named their root: found from the command's output_dir
+    there = {**entry("real", 0, 2.0, 2, 0), "command": f"x output_dir={tmp_path}/b/c-seed0/real"}
+    rl_gain._store(here)
+    rl_gain._store(there)
+    rl_gain._store({**here, "steps": 23})  # the same root again: replaced
+    stored = json.loads((tmp_path / "rl_gain.json").read_text())
+    assert [(e["held_out"]["improved"], e["steps"]) for e in stored] == [(2, 24), (1, 23)]
+    assert rl_gain.root_of(stored[0]) == tmp_path / "b"
+    got = rl_gain.rescore(stored, tmp_path / "a")
+    assert got[0] == stored[0]  # root b's result, not a's run of the same name
+    assert got[1]["held_out"]["improved"] == 4  # root a's, from its transcripts
+
+
 def test_a_run_from_a_warm_start_with_families_left_out_keeps_them_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
