@@ -224,6 +224,8 @@ def _cells(c: dict[str, Any]) -> str:
 def table(entries: Sequence[dict[str, Any]]) -> str:
     """A markdown table: one row per env, variant and seed (and, for a warm start that left
     families out, a row each for the held-out tasks of those families and of the rest)."""
+    from areal_agents.trainers.held_out import DEMONSTRATION_SIDES
+
     lines = [
         "| env | variant | seed | before | after | RL gain (95% CI) | CI by family (families) "
         "| fixed / broken | McNemar p | steps | update KL (sum / max) |",
@@ -237,7 +239,7 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
         kl = f"{sum(kls):.1e} / {max(kls):.1e}" if kls else "-"
         parts = [("", h)] + [
             (f" ({side})", h[f"rl_gain_{side}"])
-            for side in ("undemonstrated", "demonstrated")
+            for side, _ in DEMONSTRATION_SIDES
             if h.get(f"rl_gain_{side}")
         ]
         for suffix, c in parts:
@@ -262,7 +264,7 @@ def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str)
     never demonstrated and for the rest where it left some out. A seed where either variant has
     no held-out result is skipped."""
     from areal_agents.stats import PairedComparison, compare_paired
-    from areal_agents.trainers.held_out import task_families
+    from areal_agents.trainers.held_out import demonstration_sides, task_families
 
     lines = [
         f"| env | {name} against {against} | seed | tasks | {against} | {name} | change (95% CI) "
@@ -282,11 +284,10 @@ def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str)
         if not base or not other:
             continue
         families = task_families(seed_dir / "before")
-        undemonstrated = frozenset(_undemonstrated(seed_dir))
+        undemonstrated = _undemonstrated(seed_dir)
         sides = {"all": set(base) & set(other)}
         if undemonstrated:
-            sides["undemonstrated"] = {t for t in sides["all"] if families.get(t) in undemonstrated}
-            sides["demonstrated"] = sides["all"] - sides["undemonstrated"]
+            sides.update(demonstration_sides(sides["all"], families, undemonstrated))
         for side, tasks in sides.items():
             if not tasks:
                 continue

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,9 @@ from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.data import task_id_of
 
 __all__ = [
+    "DEMONSTRATION_SIDES",
     "closing_screen",
+    "demonstration_sides",
     "demonstration_split",
     "disk_mb",
     "evaluate",
@@ -188,6 +190,29 @@ def paired_gains(eval_dir: Path, undemonstrated: Collection[str] = ()) -> dict[s
     return out
 
 
+DEMONSTRATION_SIDES: tuple[tuple[str, str], ...] = (
+    ("undemonstrated", "families never demonstrated"),
+    ("demonstrated", "demonstrated families"),
+)
+"""The two sides of RL's held-out gain where the warm start left families out
+(``warm_start.exclude_families``), in order, and what the closing screen calls each; a side's
+``summary.json`` key is ``rl_gain_<side>``."""
+
+
+def demonstration_sides(
+    tasks: Iterable[int], families: Mapping[int, str], undemonstrated: Collection[str]
+) -> dict[str, set[int]]:
+    """``tasks`` by :data:`DEMONSTRATION_SIDES`: those whose family is in ``undemonstrated``,
+    and the rest (a task of no family counts as demonstrated).
+
+    >>> demonstration_sides([1, 2, 3], {1: "gen/a", 2: "gen/b"}, ["gen/a"])
+    {'undemonstrated': {1}, 'demonstrated': {2, 3}}
+    """
+    names = frozenset(undemonstrated)
+    inside = {t for t in tasks if families.get(t) in names}
+    return {"undemonstrated": inside, "demonstrated": set(tasks) - inside}
+
+
 def demonstration_split(
     before: Mapping[int, bool] | None,
     after: Mapping[int, bool] | None,
@@ -195,17 +220,15 @@ def demonstration_split(
     undemonstrated: Collection[str],
 ) -> dict[str, Any]:
     """``rl_gain_undemonstrated`` and ``rl_gain_demonstrated``: the paired change from
-    ``before`` to ``after`` on the held-out tasks whose family is in ``undemonstrated`` and on
-    the rest (a task of no family counts as demonstrated), each as
+    ``before`` to ``after`` on each side of :func:`demonstration_sides`, each as
     :class:`~areal_agents.stats.PairedComparison` JSON; a side with no task is left out."""
     out: dict[str, Any] = {}
     if not before or not after:
         return out
-    names = frozenset(undemonstrated)
-    for key, inside in (("rl_gain_undemonstrated", True), ("rl_gain_demonstrated", False)):
-        tasks = [t for t in set(before) & set(after) if (families.get(t) in names) == inside]
+    sides = demonstration_sides(set(before) & set(after), families, undemonstrated)
+    for side, tasks in sides.items():
         if tasks:
-            out[key] = compare_paired(
+            out[f"rl_gain_{side}"] = compare_paired(
                 {t: before[t] for t in tasks}, {t: after[t] for t in tasks}, families=families
             ).to_json()
     return out
@@ -282,11 +305,8 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
         )
     else:
         lines.append("held-out success: not measured (eval.held_out_tasks=0)")
-    for key, words in (
-        ("rl_gain_undemonstrated", "families never demonstrated"),
-        ("rl_gain_demonstrated", "demonstrated families"),
-    ):
-        part = held.get(key)
+    for side, words in DEMONSTRATION_SIDES:
+        part = held.get(f"rl_gain_{side}")
         if held.get("tasks") and part:  # RL's gain split by warm_start.exclude_families
             lines.append(f"    on {words} ({part.get('n')} tasks):{_paired_line(part)}")
     lines.append(
