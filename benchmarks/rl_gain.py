@@ -359,13 +359,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("overrides", nargs="*", help="config overrides of the variant (run)")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
-    root = Path(args.root)
+    root, seeds = Path(args.root), [int(s) for s in args.seeds.split(",")]
     if args.action in ("table", "variants"):
         entries = read_json(RESULTS) if RESULTS.is_file() else []
         print(table(entries) if args.action == "table" else by_variant(entries))
         return
     if args.action == "compare":
-        seeds = [int(s) for s in args.seeds.split(",")]
         print(compare(args.env, seeds, root, args.name, args.against))
         return
     if args.action == "rescore":
@@ -373,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         write_json(RESULTS, entries)
         print(table(entries))
         return
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in seeds:
         if args.action == "warm":
             info = warm(args.env, seed, root, args.held_out, args.overrides)
             print(f"{args.env} seed {seed}: warm start {info['train_s']} s")

@@ -208,9 +208,9 @@ def demonstration_sides(
     >>> demonstration_sides([1, 2, 3], {1: "gen/a", 2: "gen/b"}, ["gen/a"])
     {'undemonstrated': {1}, 'demonstrated': {2, 3}}
     """
-    names = frozenset(undemonstrated)
-    inside = {t for t in tasks if families.get(t) in names}
-    return {"undemonstrated": inside, "demonstrated": set(tasks) - inside}
+    names, every = frozenset(undemonstrated), set(tasks)  # tasks may be an iterator: read once
+    inside = {t for t in every if families.get(t) in names}
+    return {"undemonstrated": inside, "demonstrated": every - inside}
 
 
 def demonstration_split(

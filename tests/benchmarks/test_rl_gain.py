@@ -31,6 +31,14 @@ def entry(name: str, seed: int, gain: float, fixed: int, broken: int) -> dict[st
     }
 
 
+def write_outcomes(where: Path, ids: list[str], solved: list[bool]) -> None:
+    """Held-out transcripts in ``where``: task ``i`` is ``ids[i]``, solved or not."""
+    where.mkdir(parents=True)
+    pairs = zip(ids, solved, strict=True)
+    rows = [{"task_index": i, "task_id": t, "reward": float(ok)} for i, (t, ok) in enumerate(pairs)]
+    (where / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def test_overrides_may_follow_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[Any, ...]] = []
 
@@ -68,17 +76,8 @@ def test_by_variant_sums_the_seeds_of_each_variant() -> None:
 def test_rescore_recomputes_each_comparison_by_family_from_the_runs(tmp_path: Path) -> None:
     seed_dir = tmp_path / "code_sandbox-seed0"
     ids = [f"gen/t{i % 12}/{i}" for i in range(48)]
-    for where, solved in (
-        ("before", [False] * 48),
-        ("real/eval/after", [i % 12 < 3 for i in range(48)]),
-    ):
-        (seed_dir / where).mkdir(parents=True)
-        rows = [
-            {"task_index": i, "task_id": ids[i], "reward": float(ok)} for i, ok in enumerate(solved)
-        ]
-        (seed_dir / where / "transcripts.jsonl").write_text(
-            "".join(json.dumps(r) + "\n" for r in rows)
-        )
+    write_outcomes(seed_dir / "before", ids, [False] * 48)
+    write_outcomes(seed_dir / "real" / "eval" / "after", ids, [i % 12 < 3 for i in range(48)])
     stored = [entry("real", 0, 99.0, 0, 0), entry("gone", 0, 1.0, 1, 0)]  # gone: no runs
     got = rl_gain.rescore(stored, tmp_path)
     real = got[0]["held_out"]
@@ -106,15 +105,9 @@ def test_the_same_variant_name_under_two_roots_is_two_results(
     rescoring one root leaves the other's (whose runs it does not hold) as stored, even where
     that root has a run of the same name."""
     seed_dir = tmp_path / "a" / "code_sandbox-seed0"
-    for where, solved in (("before", [False] * 4), ("real/eval/after", [True] * 4)):
-        (seed_dir / where).mkdir(parents=True)
-        rows = [
-            {"task_index": i, "task_id": f"gen/t/{i}", "reward": float(ok)}
-            for i, ok in enumerate(solved)
-        ]
-        (seed_dir / where / "transcripts.jsonl").write_text(
-            "".join(json.dumps(r) + "\n" for r in rows)
-        )
+    ids = [f"gen/t/{i}" for i in range(4)]
+    write_outcomes(seed_dir / "before", ids, [False] * 4)
+    write_outcomes(seed_dir / "real" / "eval" / "after", ids, [True] * 4)
     monkeypatch.setattr(rl_gain, "RESULTS", tmp_path / "rl_gain.json")
     here = {**entry("real", 0, 1.0, 1, 0), "root": str(tmp_path / "a")}
     # stored before entries named their root: found from the command's output_dir
@@ -150,13 +143,6 @@ def test_a_run_from_a_warm_start_with_families_left_out_keeps_them_out(
     # the replay draws its pool as the warm start drew it, and the run's report splits RL's gain
     assert command[-1] == "warm_start.exclude_families=[gen/rotate,gen/fizz]"
     assert "trainer.time_budget_s=1100" in command
-
-
-def write_outcomes(where: Path, ids: list[str], solved: list[bool]) -> None:
-    where.mkdir(parents=True)
-    pairs = zip(ids, solved, strict=True)
-    rows = [{"task_index": i, "task_id": t, "reward": float(ok)} for i, (t, ok) in enumerate(pairs)]
-    (where / "transcripts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_compare_pairs_two_variants_per_seed_pooled_and_split(tmp_path: Path) -> None:
