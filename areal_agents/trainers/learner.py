@@ -285,7 +285,11 @@ class Learner(LearnerState):
                     nll = replay_backward(self.model, chunk, algo.replay_coef, self.device)
                     sums["replay/nll"] += nll / spec.world_size  # each rank: the same chunk
                 updates += 1
-                sums["grad_norm"] += self._clip_and_step(self.model, self.optimizer)
+                # an update with no data (no row to train on any rank: ``forward`` is global,
+                # and no replay) is not taken; the share of such updates is logged
+                data = bool(forward) or algo.replay_coef > 0
+                sums["grad_norm"] += self._clip_and_step(self.model, self.optimizer, data)
+                sums["learner/updates_skipped_frac"] += float(not data)
                 if self.critic is not None:
                     sums["value/grad_norm"] += self._clip_and_step(
                         self.critic, self.critic_optimizer
@@ -427,13 +431,21 @@ class Learner(LearnerState):
         self._log_weights = []
         return weight_summary(torch.cat([g for g in gathered if g is not None]))
 
-    def _clip_and_step(self, model: Any, optimizer: torch.optim.Optimizer) -> float:
+    def _clip_and_step(
+        self, model: Any, optimizer: torch.optim.Optimizer, data: bool = True
+    ) -> float:
+        """Clip the gradients and step; returns their norm (over every rank). Without
+        ``data`` (no row trained on any rank; the empty micro-batches still ran a backward
+        pass for FSDP's collectives and left zero gradients) the optimizer does not step: an
+        AdamW step on zero gradients would still move every weight by its momentum (and its
+        weight decay), an update with nothing behind it, as a gradient of None does not."""
         max_norm = self.spec.trainer.max_grad_norm
         params = [p for p in model.parameters() if p.grad is not None]
         norm: Any = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        optimizer.step()
+        if data:
+            optimizer.step()
         return float(norm)
 
     def _reduce(self, sums: dict[str, float], updates: int) -> dict[str, float]:
@@ -443,7 +455,7 @@ class Learner(LearnerState):
         total: dict[str, float] = defaultdict(float)
         for part in gathered:
             for k, v in part.items():
-                if k.startswith(("grad_norm", "value/grad_norm")):
+                if k.startswith(("grad_norm", "value/grad_norm", "learner/updates_skipped")):
                     total[k] = v  # the same on every rank
                 elif k.endswith(_EXTREMES):  # over every rank's micro-batches
                     _keep_extreme(total, k, v)

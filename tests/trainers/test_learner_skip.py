@@ -40,3 +40,20 @@ def test_every_row_is_forwarded_when_another_term_reads_it() -> None:
     for cfg in (algo(kl_coef=0.1), algo(entropy_coef=0.01)):
         metrics = learner(cfg).train_step(_rows())
         assert metrics["learner/rows_skipped"] == 0, cfg
+
+
+def test_a_step_with_nothing_to_train_leaves_the_weights_where_they_were() -> None:
+    """After a real step Adam has momentum; a step whose groups all have equal rewards has no
+    gradient, and taking it would move every weight by that momentum (by ~0.9 of the last
+    step) with no data behind it: it is not taken."""
+    lrn = learner()
+    first = lrn.train_step(_rows())
+    assert first["learner/updates_skipped_frac"] == 0.0
+    before = params(lrn)
+    uniform = [row(g, 1.0, seed=s) for g in ("a", "b") for s in (1, 2)]  # advantages all 0
+    metrics = lrn.train_step(uniform)
+    assert metrics["learner/rows_trained"] == 0 and metrics["grad_norm"] == 0.0
+    assert metrics["learner/updates_skipped_frac"] == 1.0
+    after = params(lrn)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert metrics["policy/update_kl"] == pytest.approx(0.0, abs=1e-9)
