@@ -7,7 +7,8 @@ without training anything again: the run's final weights (``<run>/weights/v*``, 
 its start (the run's ``model``: the warm start, for the runs of :mod:`benchmarks.rl_gain`) are
 mixed tensor by tensor, served by the built-in server, and scored on the run's held-out tasks
 exactly as the run's own evaluation scored them (``trainers.held_out.evaluate`` with the run's
-``config.yaml``); the outcomes are paired task by task with the run's "before" evaluation.
+``config.yaml``); the outcomes are paired task by task with the run's "before" evaluation, as
+:func:`benchmarks.rl_gain.paired` pairs a run's (split where its warm start left families out).
 
     python -m benchmarks.interpolate runs/rl_gain_norm/code_sandbox-seed0/norm_default --alpha 0.5
 
@@ -77,9 +78,9 @@ def score(run: Path, alpha: float) -> dict[str, Any]:
 
     from areal_agents.config import load_config
     from areal_agents.serving.server import BuiltinServer
-    from areal_agents.stats import compare_paired
     from areal_agents.trainers.config import TrainConfig
-    from areal_agents.trainers.held_out import evaluate, task_families, task_successes
+    from areal_agents.trainers.held_out import evaluate
+    from benchmarks.rl_gain import paired
 
     cfg = load_config(TrainConfig, [f"config={run / 'config.yaml'}"])
     start_dir, end_dir = Path(cfg.model.name), _final_weights(run)
@@ -97,19 +98,17 @@ def score(run: Path, alpha: float) -> dict[str, Any]:
     started = time.time()
     with BuiltinServer(str(model), served_model_name="policy") as server:
         result = evaluate(cfg, server.base_url, "policy", out / "eval")
-    before = before_dir(run)
-    paired = compare_paired(
-        task_successes(before) or {},
-        task_successes(out / "eval") or {},
-        families=task_families(before),
-    )
+    before = before_dir(run)  # the run's split, where its warm start left families out
+    held_out = paired(before, out / "eval", cfg.warm_start.exclude_families)
+    if held_out is None:
+        raise FileNotFoundError(f"{before} or {out / 'eval'} holds no held-out outcomes")
     return {
         "run": str(run),
         "alpha": alpha,
         "start": str(start_dir),
         "end": str(end_dir),
         "success": result.get("success"),
-        "held_out": paired.to_json(),
+        "held_out": held_out,
         "eval_s": round(time.time() - started, 1),
     }
 

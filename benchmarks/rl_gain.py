@@ -55,6 +55,7 @@ __all__ = [
     "by_variant",
     "compare",
     "main",
+    "paired",
     "rescore",
     "root_of",
     "run_variant",
@@ -97,23 +98,30 @@ def _undemonstrated(seed_dir: Path) -> list[str]:
     return list(read_json(path).get("exclude_families") or []) if path.is_file() else []
 
 
-def _paired(seed_dir: Path, run_dir: Path) -> dict[str, Any] | None:
-    """The paired change on the held-out tasks, and where the warm start left families out,
+def paired(
+    before_dir: Path, after_dir: Path, undemonstrated: Sequence[str] = ()
+) -> dict[str, Any] | None:
+    """The paired change from the evaluation in ``before_dir`` to the one in ``after_dir`` (None
+    if either has no outcomes), and where the warm start left ``undemonstrated`` families out,
     the change on those families' tasks and on the rest (``rl_gain_undemonstrated``,
     ``rl_gain_demonstrated``)."""
     from areal_agents.stats import compare_paired
     from areal_agents.trainers.held_out import demonstration_split, task_families, task_successes
 
-    before = task_successes(seed_dir / "before")
-    after = task_successes(run_dir / "eval" / "after")
+    before = task_successes(before_dir)
+    after = task_successes(after_dir)
     if not before or not after:
         return None
-    families = task_families(seed_dir / "before")
+    families = task_families(before_dir)
     out = compare_paired(before, after, families=families).to_json()
-    undemonstrated = _undemonstrated(seed_dir)
     if undemonstrated:
         out.update(demonstration_split(before, after, families, undemonstrated))
     return out
+
+
+def _paired(seed_dir: Path, run_dir: Path) -> dict[str, Any] | None:
+    """:func:`paired` for a variant's run against its seed's shared "before"."""
+    return paired(seed_dir / "before", run_dir / "eval" / "after", _undemonstrated(seed_dir))
 
 
 def run_variant(
