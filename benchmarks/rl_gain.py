@@ -270,10 +270,20 @@ def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str)
     """A markdown table: ``name``'s held-out outcomes paired with ``against``'s on the same
     tasks, per seed and pooled over the seeds, with a row each for the families the warm start
     never demonstrated and for the rest where it left some out. A seed where either variant has
-    no held-out result is skipped."""
+    no held-out result is skipped.
+
+    ``name`` may list repeats of one variant, comma-separated (``default,default_r2``: the same
+    overrides run again from the same warm start): each repeat's tasks are paired with
+    ``against``'s, and a seed's row pools its repeats, each family's tasks of every repeat
+    resampled together (a run that flips a template flips it for all its tasks; another run of
+    the same seed is a second draw of the same template), so the interval is over the recipe
+    and not one run of it."""
     from areal_agents.stats import PairedComparison, compare_paired
     from areal_agents.trainers.held_out import demonstration_sides, task_families
 
+    names = [n for n in name.split(",") if n]
+    if not names:
+        raise ValueError("compare: --name names no variant")
     lines = [
         f"| env | {name} against {against} | seed | tasks | {against} | {name} | change (95% CI) "
         "| CI by family (families) | fixed / broken | McNemar p |",
@@ -288,23 +298,27 @@ def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str)
 
     for seed in seeds:
         seed_dir = _seed_dir(root, env, seed)
-        base, other = _outcomes(seed_dir, against), _outcomes(seed_dir, name)
-        if not base or not other:
+        base = _outcomes(seed_dir, against)
+        runs = {n: o for n in names if (o := _outcomes(seed_dir, n))}
+        if not base or not runs:
             continue
         families = task_families(seed_dir / "before")
         undemonstrated = _undemonstrated(seed_dir)
-        sides = {"all": set(base) & set(other)}
+        common = set(base).intersection(*runs.values())
+        sides = {"all": common}
         if undemonstrated:
-            sides.update(demonstration_sides(sides["all"], families, undemonstrated))
+            sides.update(demonstration_sides(common, families, undemonstrated))
         for side, tasks in sides.items():
             if not tasks:
                 continue
-            b, a = {t: base[t] for t in tasks}, {t: other[t] for t in tasks}
-            row(str(seed), side, compare_paired(b, a, families=families))
+            b = {(n, t): base[t] for n in runs for t in tasks}
+            a = {(n, t): other[t] for n, other in runs.items() for t in tasks}
+            fam = {(n, t): families.get(t, t) for n in runs for t in tasks}
+            row(str(seed), side, compare_paired(b, a, families=fam))
             pb, pa = pooled.setdefault(side, ({}, {}))
-            for t in tasks:
-                pb[(seed, t)], pa[(seed, t)] = b[t], a[t]
-                clusters[(seed, t)] = (seed, families.get(t, t))
+            for key in b:
+                pb[(seed, *key)], pa[(seed, *key)] = b[key], a[key]
+                clusters[(seed, *key)] = (seed, fam[key])
     for side, (pb, pa) in pooled.items():
         row("pooled", side, compare_paired(pb, pa, families=clusters))
     return "\n".join(lines)

@@ -172,3 +172,25 @@ def test_compare_pairs_two_variants_per_seed_pooled_and_split(tmp_path: Path) ->
     assert "| 8.3% | 22.9% |" in rows[("0", "all")]  # b, then a
     against_before = rl_gain.compare("code_sandbox", [0], tmp_path, "a", "before")
     assert "| 0.0% | 22.9% |" in against_before.splitlines()[2]
+
+
+def test_compare_pools_the_repeats_of_a_variant_by_family(tmp_path: Path) -> None:
+    ids = [f"gen/t{i % 12}/{i}" for i in range(48)]
+    seed_dir = tmp_path / "code_sandbox-seed0"
+    write_outcomes(seed_dir / "before", ids, [i % 12 < 6 for i in range(48)])
+    # one run fixes template t6 (4 tasks), its repeat breaks t0 (4 tasks) and fixes nothing
+    write_outcomes(seed_dir / "r1" / "eval" / "after", ids, [i % 12 < 7 for i in range(48)])
+    write_outcomes(seed_dir / "r2" / "eval" / "after", ids, [0 < i % 12 < 6 for i in range(48)])
+    out = rl_gain.compare("code_sandbox", [0], tmp_path, "r1,r2,missing", "before")
+    cells = {r.split(" | ")[2]: r.split(" | ") for r in out.splitlines()[2:]}
+    assert list(cells) == ["0", "pooled"]  # a repeat with no run is left out
+    for seed in cells:
+        # 96 pairs: 50.0% -> 50.0%, 4 fixed and 4 broken; the 12 templates are the clusters,
+        # each holding its tasks of both runs
+        assert cells[seed][4:6] == ["50.0%", "50.0%"]
+        assert cells[seed][6].startswith("**+0.0**")
+        assert cells[seed][7].endswith("(12)") and cells[seed][8] == "4 / 4"
+    alone = rl_gain.compare("code_sandbox", [0], tmp_path, "r1", "before").splitlines()[2]
+    assert alone.split(" | ")[8] == "4 / 0" and "**+8.3**" in alone
+    with pytest.raises(ValueError, match="no variant"):
+        rl_gain.compare("code_sandbox", [0], tmp_path, ",", "before")
