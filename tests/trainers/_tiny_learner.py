@@ -8,6 +8,7 @@ per distinct argument set.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
@@ -30,6 +31,7 @@ __all__ = [
     "A",
     "algo",
     "batch",
+    "fresh_batch",
     "grad_norm_left",
     "largest_change",
     "learner",
@@ -109,6 +111,22 @@ def row(
 def batch(offset: float = 0.0, **kw: Any) -> list[Trajectory]:
     """Two groups of two, rewards 1 and 0 in each: GRPO advantages are +-0.7071."""
     return [row(g, r, offset=offset, **kw) for g in ("a", "b") for r in (1.0, 0.0)]
+
+
+def fresh_batch(lrn: Learner, offset: float = 0.0) -> list[Trajectory]:
+    """:func:`batch` with its behaviour log-probs taken from ``lrn``'s weights as they are now
+    (plus ``offset``), as an on-policy batch after ``lrn``'s last update would carry them: a
+    second step on :func:`batch`'s log-probs, which are the untrained model's, is off-policy by
+    the first update, and PPO's clip zeroes most of its tokens."""
+    out = []
+    for t in batch():
+        x = torch.tensor([t.sequence_ids])
+        with torch.no_grad():
+            lp = sequence_logprobs(lrn.model(input_ids=x).logits, x, 1.0)[0].tolist()
+        own = (0.0, *lp)
+        behav = tuple(v + offset if m else 0.0 for v, m in zip(own, t.loss_mask, strict=True))
+        out.append(dataclasses.replace(t, behavior_logprobs=behav))
+    return out
 
 
 def learner(

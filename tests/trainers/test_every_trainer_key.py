@@ -20,6 +20,7 @@ from areal_agents.trainers.config import TrainConfig, TrainerConfig
 from tests.trainers._tiny_learner import (
     algo,
     batch,
+    fresh_batch,
     grad_norm_left,
     largest_change,
     learner,
@@ -63,9 +64,10 @@ def test_probe_tokens_measure_the_update_and_target_kl_brakes_the_lr() -> None:
     # a target far below what a step at lr 1e-3 moves: the next step's lr halves, then again
     braked = learner(target_kl=first["policy/update_kl"] / 100)
     m1 = braked.train_step(batch())
-    m2 = braked.train_step(batch(offset=-0.1))
-    m3 = braked.train_step(batch(offset=-0.2))
+    m2 = braked.train_step(fresh_batch(braked))  # on-policy again: a real gradient each step
+    m3 = braked.train_step(fresh_batch(braked))
     assert (m1["lr"], m2["lr"], m3["lr"]) == pytest.approx((1e-3, 5e-4, 2.5e-4))
+    assert all(m["clip/frac"] == 0 and m["grad_norm"] > 1 for m in (m2, m3))
     target = (
         first["policy/update_kl"] / 100
     )  # the next scale: 0.25 x sqrt(target / kl), in [/2, x2]
@@ -84,7 +86,7 @@ def test_weight_decay_and_betas() -> None:
     usual = learner()
     for lrn in (odd, usual):  # Adam's first step is independent of the betas; the second not
         lrn.train_step(batch())
-        lrn.train_step(batch(offset=-0.2))
+        assert lrn.train_step(fresh_batch(lrn))["clip/frac"] == 0
     assert largest_change(params(odd), params(usual)) > 1e-5
 
 
@@ -116,15 +118,19 @@ def test_optimizer_sgd_moves_each_weight_by_its_gradient() -> None:
         full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
         assert torch.allclose(moved[name], -0.1 * full, atol=1e-7), name
     assert largest_change(start, params(adam)) == pytest.approx(1e-3, rel=0.05)
-    # momentum: the second step adds momentum x the first step's gradient
+    # momentum: the second step adds momentum x the first step's gradient (both learners are
+    # at the same weights after the first step, so their second batches and gradients agree)
     heavy, plain = (
         learner(optimizer="sgd", lr=0.1, sgd_momentum=0.9),
         learner(optimizer="sgd", lr=0.1),
     )
     for lrn in (heavy, plain):
         lrn.train_step(batch())
-        lrn.train_step(batch(offset=-0.2))
-    assert largest_change(params(heavy), params(plain)) > 1e-5
+    first = gradients(heavy)  # after clipping, as the update used it
+    for lrn in (heavy, plain):
+        assert lrn.train_step(fresh_batch(lrn))["grad_norm"] > 1
+    a, b = params(heavy), params(plain)
+    assert all(torch.allclose(a[k] - b[k], -0.1 * 0.9 * first[k], atol=1e-6) for k in first)
     decays_each_weight_by_lr_times_weight_decay(optimizer="sgd", lr=0.1)
     with pytest.raises(Exception, match=r"trainer\.optimizer"):
         TrainerConfig(optimizer="lion")  # type: ignore[arg-type]
