@@ -44,6 +44,7 @@ from areal_agents.trainers.critic import compute_value_loss
 from areal_agents.trainers.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
+    KL_ROWS,
     compute_policy_loss,
     get_loss,
     register_loss,
@@ -136,6 +137,12 @@ class AlgoConfig:
     """Weight of KL(pi || pi_ref); > 0 needs reference log-probs (``needs().reference``)."""
     kl_estimator: str = "k3"
     """k1 | k2 | k3 estimator of the KL per token."""
+    kl_rows: str = "all"
+    """Which rows the KL to the reference (``kl_coef``, in the loss) is a loss on: ``all``, or
+    ``no_signal``: only the rows whose advantage is 0 on every policy token (GRPO's groups whose
+    episodes all earned the same reward), an anchor where the rewards teach nothing that leaves
+    the rows the policy learns from free (``losses.kl_row_mask``). ``kl_ref`` is still measured
+    on every row."""
     kl_in_reward: bool = False
     """Fold ``-kl_coef * KL`` into the token rewards (PPO/REINFORCE++) instead of the loss."""
     entropy_coef: float = 0.0
@@ -210,6 +217,12 @@ class AlgoConfig:
         get_loss(self.loss)
         _choose("aggregation", self.aggregation, AGGREGATIONS)
         _choose("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _choose("kl_rows", self.kl_rows, KL_ROWS)
+        if self.kl_rows != "all" and (self.kl_coef <= 0 or self.kl_in_reward):
+            raise ConfigError(
+                f"algo.kl_rows={self.kl_rows} chooses the rows of a KL term in the loss: it needs "
+                "algo.kl_coef > 0 and algo.kl_in_reward=false"
+            )
         _choose("baseline", self.baseline, _BASELINES)
         _choose("std_scope", self.std_scope, _STD_SCOPES)
         _choose("shuffle_scope", self.shuffle_scope, _STD_SCOPES)

@@ -47,6 +47,7 @@ __all__ = [
     "AGGREGATIONS",
     "AUTO_LOSS",
     "KL_ESTIMATORS",
+    "KL_ROWS",
     "POLICY_LOSSES",
     "PROXIMAL_KINDS",
     "LossKnobs",
@@ -60,6 +61,7 @@ __all__ = [
     "decoupled_ppo_loss",
     "get_loss",
     "kl_estimate",
+    "kl_row_mask",
     "ppo_clip_loss",
     "register_loss",
     "reinforce_loss",
@@ -68,6 +70,9 @@ __all__ = [
 
 #: Schulman's estimators of KL(pi || pi_ref) from samples of pi.
 KL_ESTIMATORS = ("k1", "k2", "k3")
+#: Which rows the KL to the reference is a loss on (``algo.kl_rows``): every row, or only the rows
+#: whose advantage is 0 on every policy token (no policy-gradient signal).
+KL_ROWS = ("all", "no_signal")
 #: What a loss may declare as its proximal policy (see the module docstring).
 PROXIMAL_KINDS = ("behavior", "step_start", "current")
 Proximal = Literal["behavior", "step_start", "current"]
@@ -103,6 +108,8 @@ class LossKnobs(Protocol):
     @property
     def kl_estimator(self) -> str: ...
     @property
+    def kl_rows(self) -> str: ...
+    @property
     def kl_in_reward(self) -> bool: ...
     @property
     def entropy_coef(self) -> float: ...
@@ -113,6 +120,25 @@ class LossKnobs(Protocol):
 def _log_ratio(a: Tensor, b: Tensor, limit: float | None) -> Tensor:
     lr = a - b
     return lr if limit is None else lr.clamp(-limit, limit)
+
+
+def kl_row_mask(kl_rows: str, advantages: Tensor, mask: Tensor) -> Tensor:
+    """``[B, 1]`` bool: the rows the KL to the reference is a loss on (``algo.kl_rows``).
+
+    ``all``: every row. ``no_signal``: the rows whose advantage is 0 on every policy token of
+    ``mask`` (GRPO's groups whose episodes all earned the same reward), so the reference holds
+    the policy where the rewards teach nothing (the answers it already gets right, or never does)
+    and leaves the rows it learns from free: Learning without Forgetting's anchor (Li & Hoiem,
+    2016), the old model's outputs kept on the data the new objective says nothing about.
+
+    >>> adv = torch.tensor([[0.0, 0.7], [0.0, 0.0]]); m = torch.ones(2, 2, dtype=torch.bool)
+    >>> kl_row_mask("no_signal", adv, m).flatten().tolist(), kl_row_mask("all", adv, m).shape
+    ([False, True], torch.Size([2, 1]))"""
+    if kl_rows == "all":
+        return torch.ones(advantages.shape[0], 1, dtype=torch.bool, device=advantages.device)
+    if kl_rows != "no_signal":
+        raise ConfigError(f"algo.kl_rows={kl_rows!r}; choose one of {KL_ROWS}")
+    return ~((advantages != 0) & mask.bool()).any(dim=1, keepdim=True)
 
 
 def kl_estimate(
@@ -425,10 +451,12 @@ def compute_policy_loss(
             raise ValueError(f"algo.kl_coef={cfg.kl_coef} needs ref_logprobs= ([B, T])")
         kl = kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator, cfg.max_log_ratio)
         kl = torch.where(m, kl, zero)
-        kl_loss = agg(kl)
+        anchored = kl_row_mask(cfg.kl_rows, advantages, m)  # [B, 1]
+        kl_loss = agg(torch.where(anchored, kl, zero))
         loss = loss + cfg.kl_coef * kl_loss
         metrics["loss/kl"] = kl_loss.detach()
         metrics["kl_ref"] = masked_mean(kl.detach(), maskf)
+        metrics["kl/anchored_frac"] = masked_mean(anchored.expand_as(kl).to(dtype), maskf)
     elif ref_logprobs is not None:
         kl = kl_estimate(logprobs.detach(), ref_logprobs, cfg.kl_estimator, cfg.max_log_ratio)
         metrics["kl_ref"] = masked_mean(kl, maskf)

@@ -213,6 +213,22 @@ def test_kl_coef_kl_estimator_and_kl_in_reward() -> None:
     assert in_reward["advantage/abs_mean"] == pytest.approx(gap / 2, rel=1e-4)
 
 
+def test_kl_rows_no_signal_anchors_only_the_rows_without_an_advantage() -> None:
+    # k1 at ref == current: a gradient of 1 per token wherever the KL is a loss
+    k1 = algo(kl_coef=1.0, kl_estimator="k1", kl_rows="no_signal")
+    mixed = step(k1)  # both groups have a reward spread: no row is anchored
+    assert mixed["kl/anchored_frac"] == 0.0
+    assert mixed["grad_norm"] == pytest.approx(step("grpo")["grad_norm"], rel=1e-4)
+    uniform = [row("a", 1.0), row("a", 0.0), row("b", 1.0, seed=1), row("b", 1.0, seed=2)]
+    anchored = step(k1, uniform)  # group b's rows (half the tokens) carry the KL alone
+    assert anchored["kl/anchored_frac"] == pytest.approx(0.5)
+    assert anchored["learner/rows_trained"] == 4  # the anchored rows are trained too
+    assert anchored["grad_norm"] != pytest.approx(step("grpo", uniform)["grad_norm"], rel=1e-2)
+    everywhere = step(algo(kl_coef=1.0, kl_estimator="k1"), uniform)
+    assert everywhere["kl/anchored_frac"] == 1.0
+    assert anchored["grad_norm"] != pytest.approx(everywhere["grad_norm"], rel=1e-2)
+
+
 def test_entropy_coef_subtracts_the_entropy_bonus() -> None:
     out = step(algo(entropy_coef=0.01))
     assert out["loss/entropy"] > 0
@@ -370,6 +386,7 @@ COVERED: dict[str, str] = {
     "algo.kl_coef": "test_kl_coef_kl_estimator_and_kl_in_reward",
     "algo.kl_estimator": "test_kl_coef_kl_estimator_and_kl_in_reward",
     "algo.kl_in_reward": "test_kl_coef_kl_estimator_and_kl_in_reward",
+    "algo.kl_rows": "test_kl_rows_no_signal_anchors_only_the_rows_without_an_advantage",
     "algo.entropy_coef": "test_entropy_coef_subtracts_the_entropy_bonus",
     "algo.std_normalize": "test_grpo_std_keys_change_the_advantages_as_documented",
     "algo.std_scope": "test_grpo_std_keys_change_the_advantages_as_documented",

@@ -348,3 +348,40 @@ def test_auto_loss_is_decoupled_in_async_and_ppo_clip_in_sync() -> None:
     # the proximal pass follows the resolved loss
     assert grpo.for_mode("async").needs(updates_per_step=2).proximal_pass
     assert not grpo.for_mode("sync").needs(updates_per_step=2).proximal_pass
+
+
+def test_kl_rows_no_signal_puts_the_kl_only_on_rows_without_an_advantage() -> None:
+    """``kl_rows=no_signal``: a row whose advantage is 0 on every policy token gets the KL's
+    gradient and nothing else; a row with an advantage gets the policy gradient and no KL."""
+    lp0 = torch.full((3, 4), -1.0, dtype=D)
+    adv = torch.tensor([[0.5] * 4, [0.0] * 4, [0.0, 0.0, -0.5, 0.0]], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [0, 1, 1, 1]], dtype=D)
+    ref = lp0 + math.log(2.0)  # d = log(1/2) on every token: k3 = 2 - 1 - log 2
+
+    def grads(**kw: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        lp = lp0.clone().requires_grad_(True)
+        c = cfg(loss="ppo_clip", **kw)
+        loss, metrics = compute_policy_loss(c, lp, lp0, lp0, adv, mask, ref)
+        loss.backward()
+        assert lp.grad is not None
+        return lp.grad, metrics
+
+    pg, _ = grads()
+    everywhere, m_all = grads(kl_coef=1.0)
+    anchored, m_some = grads(kl_coef=1.0, kl_rows="no_signal")
+    kl_grad = everywhere - pg  # d/dlp of k3 = 1 - exp(-d) = -1, over the 10 policy tokens
+    assert kl_grad[mask.bool()] == pytest.approx(torch.full((10,), -0.1, dtype=D))
+    # row 1 has no advantage: KL only; rows 0 and 2 have one: the policy gradient only
+    assert anchored[1].tolist() == pytest.approx(everywhere[1].tolist())
+    assert anchored[[0, 2]].flatten().tolist() == pytest.approx(pg[[0, 2]].flatten().tolist())
+    assert anchored[1, :3].abs().min() > 0  # the anchor does act there
+    k3 = 2 - 1 - math.log(2.0)
+    assert m_all["loss/kl"].item() == pytest.approx(k3)
+    assert m_some["loss/kl"].item() == pytest.approx(k3 * 3 / 10)  # 3 of the 10 tokens
+    assert m_some["kl/anchored_frac"].item() == pytest.approx(3 / 10)
+    assert m_some["kl_ref"].item() == pytest.approx(k3)  # still measured on every row
+    for bad in ({"kl_rows": "no_signal"}, {"kl_rows": "no_signal", "kl_in_reward": True}):
+        with pytest.raises(ConfigError, match="kl_rows"):
+            cfg(kl_coef=0.1 if "kl_in_reward" in bad else 0.0, **bad)
+    with pytest.raises(ConfigError, match="kl_rows"):
+        cfg(kl_coef=0.1, kl_rows="some")
