@@ -17,6 +17,7 @@ variant's overrides. Each variant's held-out success after RL is paired with the
     python -m benchmarks.rl_gain variants   # one row per variant, over its seeds
     python -m benchmarks.rl_gain rescore    # recompute every stored comparison from its runs
     python -m benchmarks.rl_gain compare --seeds 0,1,2 --name default --against placebo
+    python -m benchmarks.rl_gain compare --seeds 0,1,2 --name default,default_r2  # repeats
 
 The held-out code tasks come in families (the 24 templates, 2-10 tasks each, and a greedy
 policy tends to solve a template's tasks all or none), so beside the task-level interval every
@@ -28,7 +29,9 @@ from drift better than either alone.
 ``compare`` pairs two variants' held-out outcomes after RL task by task (RL against its placebo
 or its supervised control; ``--against before`` is the warm start), per seed and pooled over the
 seeds (each seed's families resampled as clusters), split like the runs where the warm start
-left families out.
+left families out. A comma-separated ``--name`` is repeats of one variant (the same overrides
+run again under new names, from the same warm starts): they are pooled per seed and over the
+seeds, a family's tasks of every repeat resampled together.
 
 Results: ``<root>/<env>-seed<S>/<name>/`` (the run) and ``benchmarks/results/rl_gain.json``
 (one entry per env, seed, variant and root, replaced when re-run; the same variant name
