@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,7 +298,10 @@ class Learner(LearnerState):
         update_kl = self.probe.after(self.model, self.device)  # how far this step moved it
         lr = float(self.scheduler.get_last_lr()[0])  # what this step's updates used
         self.brake.update(update_kl)  # the trust region: the next step's lr scale
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a first step with no data took no optimizer step;
+            # the schedule still advances with the step count, which is what is wanted
+            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`")
+            self.scheduler.step()
         metrics = self._reduce(sums, self.updates_per_step)
         metrics.update(shaped)
         metrics.update(self._weight_metrics())

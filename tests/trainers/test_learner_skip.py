@@ -57,3 +57,18 @@ def test_a_step_with_nothing_to_train_leaves_the_weights_where_they_were() -> No
     after = params(lrn)
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert metrics["policy/update_kl"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_first_step_with_nothing_to_train_still_advances_the_schedule() -> None:
+    """A run whose first batch has no reward spread takes no optimizer step; the lr schedule
+    still counts the step (the warm-up is in steps), and PyTorch's warning that the scheduler
+    stepped before the optimizer, which reads like a bug in the user's run, is not raised."""
+    import warnings
+
+    lrn = learner()
+    uniform = [row(g, 1.0, seed=s) for g in ("a", "b") for s in (1, 2)]  # advantages all 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        metrics = lrn.train_step(uniform)
+    assert metrics["learner/updates_skipped_frac"] == 1.0
+    assert lrn.scheduler.last_epoch == 1  # the schedule moved on by the step
