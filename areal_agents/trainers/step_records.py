@@ -97,6 +97,9 @@ def step_metrics(
         **buffer_stats,
         "batch/task_indices": [g.task.index for g in groups],
         "batch/traj_ids": [t.metadata.traj_id for t in trajs],
+        # per group: what was trained on and what it earned (benchmarks/rl_families)
+        "batch/task_ids": [g.trajectories[0].task_id if g.trajectories else "" for g in groups],
+        "batch/group_rewards": [g.rewards for g in groups],
     }
 
 

@@ -1,8 +1,17 @@
-"""What a metrics.jsonl line says about the batch's staleness by episode length."""
+"""What a metrics.jsonl line says about the batch: its staleness by episode length, and per
+group the task trained on and the rewards it earned."""
 
 from __future__ import annotations
 
-from areal_agents.trainers.step_records import assistant_turns, staleness_by_length
+import dataclasses
+
+from areal_agents.trainers.data import TaskRef
+from areal_agents.trainers.groups import Group
+from areal_agents.trainers.step_records import (
+    assistant_turns,
+    staleness_by_length,
+    step_metrics,
+)
 from areal_agents.types import Trajectory
 
 
@@ -40,3 +49,15 @@ def test_staleness_by_length_splits_the_batch_by_turns() -> None:
         "staleness/turns3_mean": 4.0,  # its oldest token decides
         "batch/turns3_episodes": 1.0,
     }
+
+
+def test_each_group_s_task_and_rewards_are_recorded_in_batch_order() -> None:
+    def group(index: int, task_id: str, rewards: list[float]) -> Group:
+        trajs = [dataclasses.replace(episode([0]), reward=r, task_id=task_id) for r in rewards]
+        return Group(task=TaskRef(index=index, seed=index), admitted_version=0, trajectories=trajs)
+
+    groups = [group(4, "gen/fibonacci/7", [1.0, 1.0]), group(9, "gen/count_words/2", [0.0, 1.0])]
+    line = step_metrics(1, groups, {}, {}, {"step_s": 1.0})
+    assert line["batch/task_indices"] == [4, 9]
+    assert line["batch/task_ids"] == ["gen/fibonacci/7", "gen/count_words/2"]
+    assert line["batch/group_rewards"] == [[1.0, 1.0], [0.0, 1.0]]
