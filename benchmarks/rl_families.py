@@ -101,11 +101,8 @@ def format_rows(rows: Sequence[FamilyRow]) -> str:
         f"{'held-out before -> after':>24}"
     ]
     for r in rows:
-        held = (
-            f"{r.held_before[0]}/{r.held_before[1]} -> {r.held_after[0]}/{r.held_after[1]}"
-            if r.held_before[1] or r.held_after[1]
-            else "-"
-        )
+        sides = [f"{s}/{n}" if n else "-" for s, n in (r.held_before, r.held_after)]
+        held = f"{sides[0]} -> {sides[1]}" if r.held_before[1] or r.held_after[1] else "-"
         out.append(
             f"{r.family:32} {r.groups:6d} {r.spread:6d} {num(r._mean(r.first_half)):>10} "
             f"{num(r._mean(r.second_half)):>8} {held:>24}"

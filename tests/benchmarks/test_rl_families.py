@@ -81,3 +81,10 @@ def test_a_run_from_before_the_per_group_keys_is_refused(tmp_path: Path) -> None
     _jsonl(run / "metrics.jsonl", [{"step": 1, "batch/task_indices": [0]}])
     with pytest.raises(SystemExit, match="batch/task_ids"):
         main([str(run)])
+
+
+def test_a_side_not_yet_scored_shows_as_a_dash(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    (run / "eval" / "after" / "transcripts.jsonl").unlink()  # the run still training
+    text = format_rows(family_rows(run))
+    assert "2/2 -> -" in text and "0/2" not in text
