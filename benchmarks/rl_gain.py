@@ -35,7 +35,9 @@ seeds, a family's tasks of every repeat resampled together.
 
 Results: ``<root>/<env>-seed<S>/<name>/`` (the run) and ``benchmarks/results/rl_gain.json``
 (one entry per env, seed, variant and root, replaced when re-run; the same variant name
-under two roots is two entries, and ``rescore --root`` touches only that root's).
+under two roots is two entries, and ``rescore --root`` touches only that root's). Each entry
+keeps its held-out outcomes task by task (``tasks``), so that ``compare`` pools runs whose
+directories are gone with their machine.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ __all__ = [
     "root_of",
     "run_variant",
     "table",
+    "task_record",
     "warm",
 ]
 
@@ -177,6 +180,7 @@ def run_variant(
         "stop_reason": summary.get("stop_reason"),
         "training_s": summary.get("training_s"),
         "held_out": _paired(seed_dir, run_dir),
+        "tasks": task_record(seed_dir, run_dir),
         "reward": curve("reward/mean"),
         "update_kl": curve("policy/update_kl"),
         "behavior_kl": curve("behavior/kl"),
@@ -261,15 +265,57 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _outcomes(seed_dir: Path, name: str) -> dict[int, bool]:
-    """A variant's held-out successes after RL (``before``: the warm start's); empty if unscored."""
+def task_record(seed_dir: Path, run_dir: Path) -> dict[str, Any]:
+    """What :func:`compare` needs of a run, stored in its entry (``tasks``) so that its runs can
+    be pooled after their directories are gone: per held-out task index, solved before and
+    after RL (1 or 0) and its family, and the families the warm start left out."""
+    from areal_agents.trainers.held_out import task_families, task_successes
+
+    def bits(solved: Mapping[int, bool] | None) -> dict[str, int]:
+        return {str(i): int(v) for i, v in sorted((solved or {}).items())}
+
+    return {
+        "before": bits(task_successes(seed_dir / "before")),
+        "after": bits(task_successes(run_dir / "eval" / "after")),
+        "families": {str(i): f for i, f in sorted(task_families(seed_dir / "before").items())},
+        "undemonstrated": _undemonstrated(seed_dir),
+    }
+
+
+def _stored(stored: Sequence[Mapping[str, Any]], seed_dir: Path, name: str) -> dict[str, Any]:
+    """The ``tasks`` record of the stored entry for ``name`` under ``seed_dir`` (``before``: any
+    of the seed's entries that has one); empty if none."""
+    root, env_seed = seed_dir.parent, seed_dir.name
+    for e in stored:
+        same = f"{e['env']}-seed{e['seed']}" == env_seed and root_of(e) == root
+        if same and e.get("tasks") and name in (e["name"], "before"):
+            return dict(e["tasks"])
+    return {}
+
+
+def _outcomes(
+    seed_dir: Path, name: str, stored: Sequence[Mapping[str, Any]] = ()
+) -> dict[int, bool]:
+    """A variant's held-out successes after RL (``before``: the warm start's), from its run's
+    transcripts or, where the run is gone, from its stored entry; empty if neither has them."""
     from areal_agents.trainers.held_out import task_successes
 
     where = seed_dir / "before" if name == "before" else seed_dir / name / "eval" / "after"
-    return dict(task_successes(where) or {})
+    found = task_successes(where)
+    if found:
+        return dict(found)
+    record = _stored(stored, seed_dir, name).get("before" if name == "before" else "after")
+    return {int(i): bool(v) for i, v in (record or {}).items()}
 
 
-def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str) -> str:
+def compare(
+    env: str,
+    seeds: Sequence[int],
+    root: Path,
+    name: str,
+    against: str,
+    stored: Sequence[Mapping[str, Any]] = (),
+) -> str:
     """A markdown table: ``name``'s held-out outcomes paired with ``against``'s on the same
     tasks, per seed and pooled over the seeds, with a row each for the families the warm start
     never demonstrated and for the rest where it left some out. A seed where either variant has
@@ -280,7 +326,8 @@ def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str)
     ``against``'s, and a seed's row pools its repeats, each family's tasks of every repeat
     resampled together (a run that flips a template flips it for all its tasks; another run of
     the same seed is a second draw of the same template), so the interval is over the recipe
-    and not one run of it."""
+    and not one run of it. A run whose directory is gone is read from its entry in ``stored``
+    (``results/rl_gain.json``: :func:`task_record`)."""
     from areal_agents.stats import PairedComparison, compare_paired
     from areal_agents.trainers.held_out import demonstration_sides, task_families
 
@@ -301,12 +348,15 @@ def compare(env: str, seeds: Sequence[int], root: Path, name: str, against: str)
 
     for seed in seeds:
         seed_dir = _seed_dir(root, env, seed)
-        base = _outcomes(seed_dir, against)
-        runs = {n: o for n in names if (o := _outcomes(seed_dir, n))}
+        base = _outcomes(seed_dir, against, stored)
+        runs = {n: o for n in names if (o := _outcomes(seed_dir, n, stored))}
         if not base or not runs:
             continue
-        families = task_families(seed_dir / "before")
-        undemonstrated = _undemonstrated(seed_dir)
+        record = _stored(stored, seed_dir, next(iter(runs)))
+        families = task_families(seed_dir / "before") or {
+            int(i): f for i, f in (record.get("families") or {}).items()
+        }
+        undemonstrated = _undemonstrated(seed_dir) or list(record.get("undemonstrated") or [])
         common = set(base).intersection(*runs.values())
         sides = {"all": common}
         if undemonstrated:
@@ -337,7 +387,8 @@ def rescore(entries: Sequence[dict[str, Any]], root: Path) -> list[dict[str, Any
             continue
         seed_dir = _seed_dir(root, e["env"], int(e["seed"]))
         paired = _paired(seed_dir, seed_dir / e["name"])
-        out.append({**e, "held_out": paired} if paired else dict(e))
+        tasks = task_record(seed_dir, seed_dir / e["name"]) if paired else None
+        out.append({**e, "held_out": paired, "tasks": tasks} if paired else dict(e))
     return out
 
 
@@ -390,7 +441,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(table(entries) if args.action == "table" else by_variant(entries))
         return
     if args.action == "compare":
-        print(compare(args.env, seeds, root, args.name, args.against))
+        stored = read_json(RESULTS) if RESULTS.is_file() else []
+        print(compare(args.env, seeds, root, args.name, args.against, stored))
         return
     if args.action == "rescore":
         entries = rescore(read_json(RESULTS) if RESULTS.is_file() else [], root)

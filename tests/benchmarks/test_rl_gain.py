@@ -194,3 +194,36 @@ def test_compare_pools_the_repeats_of_a_variant_by_family(tmp_path: Path) -> Non
     assert alone.split(" | ")[8] == "4 / 0" and "**+8.3**" in alone
     with pytest.raises(ValueError, match="no variant"):
         rl_gain.compare("code_sandbox", [0], tmp_path, ",", "before")
+
+
+def test_compare_reads_runs_whose_directories_are_gone_from_their_stored_records(
+    tmp_path: Path,
+) -> None:
+    """The runs live under ``runs/``, which goes with the machine: each entry keeps its held-out
+    outcomes task by task, and ``compare`` pools them as it pools the runs themselves, the
+    warm start's left-out families included."""
+    import shutil
+
+    ids = [f"gen/t{i % 12}/{i}" for i in range(48)]
+    seed_dir = tmp_path / "code_sandbox-seed0"
+    write_outcomes(seed_dir / "before", ids, [i % 12 < 6 for i in range(48)])
+    write_outcomes(seed_dir / "r1" / "eval" / "after", ids, [i % 12 < 7 for i in range(48)])
+    write_outcomes(seed_dir / "r2" / "eval" / "after", ids, [0 < i % 12 < 6 for i in range(48)])
+    (seed_dir / "warm_start.json").write_text(json.dumps({"exclude_families": ["gen/t6"]}))
+    live = rl_gain.compare("code_sandbox", [0], tmp_path, "r1,r2", "before")
+    stored = [
+        {
+            **entry(n, 0, 0.0, 0, 0),
+            "root": str(tmp_path),
+            "tasks": rl_gain.task_record(seed_dir, seed_dir / n),
+        }
+        for n in ("r1", "r2")
+    ]
+    assert stored[0]["tasks"]["after"]["6"] == 1 and stored[1]["tasks"]["before"]["6"] == 0
+    shutil.rmtree(seed_dir)  # another machine: no run, no "before", no warm_start.json
+    header = "\n".join(live.splitlines()[:2])  # the table with no row: nothing to pair
+    assert rl_gain.compare("code_sandbox", [0], tmp_path, "r1,r2", "before") == header
+    assert rl_gain.compare("code_sandbox", [0], tmp_path, "r1,r2", "before", stored) == live
+    assert "undemonstrated" in live  # the split came back from the record too
+    elsewhere = [{**e, "root": str(tmp_path / "other")} for e in stored]  # another root's runs
+    assert rl_gain.compare("code_sandbox", [0], tmp_path, "r1,r2", "before", elsewhere) == header
