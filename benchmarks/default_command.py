@@ -158,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--root", default="runs/default_command")
     parser.add_argument("--collect", default=None, help="read a finished run directory only")
     parser.add_argument("--load", default=None, help="with --collect: a file of 'T LOAD' lines")
-    parser.add_argument("--tag", default=None, help="results file name (default: env and seed)")
+    parser.add_argument(
+        "--tag", default=None, help="results and plot file name (default: env and seed; env)"
+    )
     args = parser.parse_args(argv)
     results = []
     for seed in (int(s) for s in args.seeds.split(",")):
@@ -185,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             f"(warm start) -> {held['after_rl']} (RL); {result['steps']} steps; training "
             f"{trained} s; load {result['load_average_1m']['mean']}"
         )
-    plot(results, ROOT / "benchmarks" / "plots" / f"default_command_{args.env}.png")
+    # a tagged run's plot is named by its tag too, so that it does not replace the env's
+    plot(results, ROOT / "benchmarks" / "plots" / f"default_command_{args.tag or args.env}.png")
     return results
 
 

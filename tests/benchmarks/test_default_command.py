@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from benchmarks import default_command
 from benchmarks.default_command import collect, plot
 
 
-def test_collect_splits_the_warm_start_gain_from_the_rl_gain(tmp_path: Path) -> None:
-    summary = {
+def _summary() -> dict[str, Any]:
+    return {
         "env": "code_sandbox",
         "steps": 3,
         "wall_s": 600.0,
@@ -26,6 +30,10 @@ def test_collect_splits_the_warm_start_gain_from_the_rl_gain(tmp_path: Path) -> 
             "after": {"success": 0.625},
         },
     }
+
+
+def test_collect_splits_the_warm_start_gain_from_the_rl_gain(tmp_path: Path) -> None:
+    summary = _summary()
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     rows = [{"time/elapsed_s": 100.0 * i, "reward/mean": 0.25 * i} for i in (1, 2)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -46,3 +54,21 @@ def test_collect_splits_the_warm_start_gain_from_the_rl_gain(tmp_path: Path) -> 
     png = tmp_path / "curve.png"
     plot([{**collect(tmp_path), "seed": 0}], png)
     assert png.stat().st_size > 1000
+
+
+def test_a_tagged_run_s_plot_is_named_by_its_tag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--tag`` names the results file and the plot: a second seed's run of an env, tagged,
+    does not replace the env's plot of an earlier run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(_summary()))
+    (run / "metrics.jsonl").write_text(json.dumps({"time/elapsed_s": 1.0, "reward/mean": 0.5}))
+    for sub in ("results", "plots"):
+        (tmp_path / "benchmarks" / sub).mkdir(parents=True)
+    monkeypatch.setattr(default_command, "ROOT", tmp_path)
+    default_command.main(["--env", "search", "--seeds", "1", "--collect", str(run), "--tag", "s1"])
+    out = tmp_path / "benchmarks"
+    assert (out / "results" / "default_command_s1.json").is_file()
+    assert [p.name for p in (out / "plots").iterdir()] == ["default_command_s1.png"]
