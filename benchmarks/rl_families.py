@@ -40,10 +40,6 @@ class FamilyRow:
     held_before: tuple[int, int] = (0, 0)  # (solved, tasks)
     held_after: tuple[int, int] = (0, 0)
 
-    @staticmethod
-    def _mean(values: list[float]) -> float | None:
-        return statistics.fmean(values) if values else None
-
 
 def _family(task_id: str) -> str:
     from areal_agents.trainers.held_out import task_family
@@ -78,23 +74,25 @@ def family_rows(run: Path, before: Path | None = None) -> list[FamilyRow]:
     before = before or before_dir(run)
     solved_before, solved_after = task_successes(before), task_successes(run / "eval" / "after")
     families = task_families(before) or task_families(run / "eval" / "after")
-    tally: dict[str, dict[str, list[int]]] = defaultdict(lambda: {"b": [0, 0], "a": [0, 0]})
+    indices: dict[str, list[int]] = defaultdict(list)
     for index, family in families.items():
-        for key, solved in (("b", solved_before), ("a", solved_after)):
-            if solved is not None and index in solved:
-                tally[family][key][0] += int(solved[index])
-                tally[family][key][1] += 1
-    for family, t in tally.items():
+        indices[family].append(index)
+
+    def count(solved: dict[int, bool] | None, tasks: list[int]) -> tuple[int, int]:
+        scored = [solved[i] for i in tasks if solved is not None and i in solved]
+        return sum(scored), len(scored)
+
+    for family, tasks in indices.items():
         r = row(family)
-        r.held_before, r.held_after = (t["b"][0], t["b"][1]), (t["a"][0], t["a"][1])
+        r.held_before, r.held_after = count(solved_before, tasks), count(solved_after, tasks)
     return [rows[k] for k in sorted(rows)]
 
 
 def format_rows(rows: Sequence[FamilyRow]) -> str:
     """The table ``main`` prints."""
 
-    def num(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}"
+    def num(values: list[float]) -> str:
+        return f"{statistics.fmean(values):.2f}" if values else "-"
 
     out = [
         f"{'family':32} {'groups':>6} {'spread':>6} {'reward 1st':>10} {'2nd half':>8} "
@@ -104,8 +102,8 @@ def format_rows(rows: Sequence[FamilyRow]) -> str:
         sides = [f"{s}/{n}" if n else "-" for s, n in (r.held_before, r.held_after)]
         held = f"{sides[0]} -> {sides[1]}" if r.held_before[1] or r.held_after[1] else "-"
         out.append(
-            f"{r.family:32} {r.groups:6d} {r.spread:6d} {num(r._mean(r.first_half)):>10} "
-            f"{num(r._mean(r.second_half)):>8} {held:>24}"
+            f"{r.family:32} {r.groups:6d} {r.spread:6d} {num(r.first_half):>10} "
+            f"{num(r.second_half):>8} {held:>24}"
         )
     return "\n".join(out)
 

@@ -386,9 +386,12 @@ def rescore(entries: Sequence[dict[str, Any]], root: Path) -> list[dict[str, Any
             out.append(dict(e))
             continue
         seed_dir = _seed_dir(root, e["env"], int(e["seed"]))
-        paired = _paired(seed_dir, seed_dir / e["name"])
-        tasks = task_record(seed_dir, seed_dir / e["name"]) if paired else None
-        out.append({**e, "held_out": paired, "tasks": tasks} if paired else dict(e))
+        run_dir = seed_dir / e["name"]
+        paired = _paired(seed_dir, run_dir)
+        if paired:
+            out.append({**e, "held_out": paired, "tasks": task_record(seed_dir, run_dir)})
+        else:
+            out.append(dict(e))
     return out
 
 
