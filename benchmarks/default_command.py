@@ -63,6 +63,10 @@ def collect(run_dir: Path, load: Sequence[Sequence[float]] = ()) -> dict[str, An
             "gain_points": points(start, after),
             "warm_start_gain_points": points(base, before),
             "rl_gain_points": points(before, after),
+            # the final policy chosen on validation tasks, and RL's last step where it was not
+            "selection": held.get("selection"),
+            "last_step": _success(held, "last"),
+            "rl_gain_last_points": points(before, _success(held, "last")),
         },
         "warm_start": summary.get("warm_start"),
         "steps": summary.get("steps"),

@@ -125,9 +125,13 @@ def paired(
     return out
 
 
-def _paired(seed_dir: Path, run_dir: Path) -> dict[str, Any] | None:
-    """:func:`paired` for a variant's run against its seed's shared "before"."""
-    return paired(seed_dir / "before", run_dir / "eval" / "after", _undemonstrated(seed_dir))
+def _paired(seed_dir: Path, run_dir: Path, when: str = "after") -> dict[str, Any] | None:
+    """:func:`paired` for a variant's run (its final policy, or ``when="last"``: the last
+    step's, scored where validation chose another) against its seed's shared "before"; None
+    where the run has no such measurement."""
+    if not (run_dir / "eval" / when).is_dir():
+        return None
+    return paired(seed_dir / "before", run_dir / "eval" / when, _undemonstrated(seed_dir))
 
 
 def run_variant(
@@ -180,6 +184,10 @@ def run_variant(
         "stop_reason": summary.get("stop_reason"),
         "training_s": summary.get("training_s"),
         "held_out": _paired(seed_dir, run_dir),
+        # the final policy chosen on validation tasks, and what RL's last step scored where
+        # another was chosen (areal_agents/trainers/selection.py)
+        "selection": (summary.get("held_out") or {}).get("selection"),
+        "held_out_last": _paired(seed_dir, run_dir, "last"),
         "tasks": task_record(seed_dir, run_dir),
         "reward": curve("reward/mean"),
         "update_kl": curve("policy/update_kl"),
@@ -277,6 +285,7 @@ def task_record(seed_dir: Path, run_dir: Path) -> dict[str, Any]:
     return {
         "before": bits(task_successes(seed_dir / "before")),
         "after": bits(task_successes(run_dir / "eval" / "after")),
+        "last": bits(task_successes(run_dir / "eval" / "last")),
         "families": {str(i): f for i, f in sorted(task_families(seed_dir / "before").items())},
         "undemonstrated": _undemonstrated(seed_dir),
     }

@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+import yaml
 
 from areal_agents.errors import ConfigError
 from areal_agents.files import read_jsonl as _read_jsonl
@@ -124,7 +125,8 @@ def test_a_test_sized_run_of_the_main_command(tmp_path: Path) -> None:
     from tests.trainers.test_report import embedded
 
     shown = embedded((tmp_path / "report.html").read_text())["held_out"]
-    assert shown["tasks"] == 4 and [r["when"] for r in shown["rows"]] == ["before", "after"]
+    measured = ["before", "after"] + (["last"] if held["last"] else [])  # see below
+    assert shown["tasks"] == 4 and [r["when"] for r in shown["rows"]] == measured
     for row in shown["rows"]:
         eval_summary = json.loads((tmp_path / "eval" / row["when"] / "summary.json").read_text())
         assert row["success"] == held[row["when"]]["success"] and row["episodes"] == 4
@@ -140,15 +142,37 @@ def test_a_test_sized_run_of_the_main_command(tmp_path: Path) -> None:
 
     steps = summary["steps"]
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [f"step_{steps:06d}"]
-    assert [p.name for p in (tmp_path / "weights").iterdir()] == [f"v{steps:06d}"]
-    model_bytes = (tmp_path / "weights" / f"v{steps:06d}" / "model.safetensors").stat().st_size
+    # the final policy: the best of RL's start and the last step on 2 validation tasks (half
+    # the held-out ones, after them), one copy kept
+    chosen = held["selection"]
+    assert chosen["tasks"] == 2 and chosen["last_step"] == steps
+    assert list(chosen["candidates"]) == ["0", str(steps)]
+    for step, success in chosen["candidates"].items():
+        directory = tmp_path / "eval" / "validation" / f"step_{int(step):06d}"
+        on = json.loads((directory / "summary.json").read_text())
+        assert on["pass@1"] == success and on["episodes"] == 2
+        # from eval.seed + eval.held_out_tasks on: no held-out task
+        assert yaml.safe_load((directory / "config.yaml").read_text())["seed"] == 4
+    best = max(chosen["candidates"].values())
+    assert chosen["chosen_step"] == min(
+        int(s) for s, v in chosen["candidates"].items() if v == best
+    )
+    final = Path(summary["final_weights"])
+    assert final == (
+        tmp_path / "weights" / f"v{steps:06d}"
+        if chosen["chosen_step"] == steps
+        else tmp_path / "candidates" / "step_000000"
+    )
+    assert (held["last"] is None) == (chosen["chosen_step"] == steps)
+    kept = [*(tmp_path / "weights").iterdir(), *(tmp_path / "candidates").iterdir()]
+    assert kept == [final]
+    model_bytes = (final / "model.safetensors").stat().st_size
     checkpoint = sum(p.stat().st_size for p in (tmp_path / "checkpoints").rglob("*"))
     assert checkpoint <= 1.2 * model_bytes  # a finished run's checkpoint: no optimizer state
     run_bytes = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
     assert run_bytes <= 3 * model_bytes  # the run directory: final weights and checkpoint
     assert summary["warm_start"] is None and held["base"] is None  # calculator: no warm start
     assert 0 < summary["time_to_first_step_without_eval_s"] < first
-    assert summary["final_weights"] == str(tmp_path / "weights" / f"v{steps:06d}")
 
 
 @pytest.mark.integration

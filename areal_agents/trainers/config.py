@@ -268,11 +268,30 @@ class HeldOutConfig:
     """Also score them before training (and before the warm start); false scores them only at
     the end, e.g. for runs compared with each other from the same start, which need the
     starting score once (``benchmarks/async_vs_sync.py``)."""
+    validation_tasks: int | None = None
+    """Validation tasks that choose the run's final policy (``trainers/selection.py``): the
+    weights RL starts from, those of every ``eval.validation_every`` steps and the last step's
+    are each scored on them (at ``eval.temperature``), and the best, the earliest of equal
+    scores, is the final policy, which the held-out tasks then score (the last step's too,
+    when another was chosen: ``eval/last``). They follow the held-out tasks (task ``i`` is the
+    one ``env.reset(seed=eval.seed + eval.held_out_tasks + i)`` draws) and are never trained
+    on. None: half of ``eval.held_out_tasks``; 0: no selection, the last step is final."""
+    validation_every: int = 12
+    """Steps between two candidates for the final policy (``eval.validation_tasks``)."""
 
     def __post_init__(self) -> None:
         check_numbers(self, "eval")
         if self.temperature < 0:
             raise ConfigError(f"eval.temperature={self.temperature}: must be 0 (greedy) or more")
+        if self.validation_every < 1:
+            raise ConfigError(f"eval.validation_every={self.validation_every}: must be at least 1")
+
+    @property
+    def validation_count(self) -> int:
+        """The validation tasks in force (``validation_tasks`` with its default resolved)."""
+        if self.validation_tasks is not None:
+            return self.validation_tasks
+        return self.held_out_tasks // 2
 
 
 @dataclass

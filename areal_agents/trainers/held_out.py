@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import shutil
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -52,10 +53,11 @@ logger = logging.getLogger(__name__)
 
 
 def held_out_task_ids(cfg: TrainConfig) -> frozenset[str] | None:
-    """The ids of the ``eval.held_out_tasks`` held-out tasks (empty when it is 0); None, with a
+    """The ids of the tasks training never draws: the ``eval.held_out_tasks`` held-out tasks
+    and the ``eval.validation_tasks`` after them (empty when both are 0); None, with a
     warning, for an environment that cannot name its tasks before a reset (no
     ``sample_task``, e.g. a remote one): its held-out tasks are then only different seeds."""
-    n = cfg.eval.held_out_tasks
+    n = cfg.eval.held_out_tasks + cfg.eval.validation_count
     if n == 0:
         return frozenset()
     env = make_env(cfg.env.name, **cfg.env.make_kwargs())
@@ -80,11 +82,21 @@ def _result(summary: Mapping[str, Any], directory: Path) -> dict[str, Any]:
     }
 
 
-def evaluate(cfg: TrainConfig, base_url: str, served_name: str, directory: Path) -> dict[str, Any]:
+def evaluate(
+    cfg: TrainConfig,
+    base_url: str,
+    served_name: str,
+    directory: Path,
+    *,
+    tasks: int | None = None,
+    first: int = 0,
+) -> dict[str, Any]:
     """Play the held-out tasks against ``base_url`` (the trainer's server) into ``directory``, at
     ``eval.temperature`` (greedy by default);
     returns ``success`` (the share of tasks solved, ``pass@1``), ``mean_reward``, ``episodes``,
-    ``dropped``, ``sampling`` and ``viewer`` (the transcript viewer's path)."""
+    ``dropped``, ``sampling`` and ``viewer`` (the transcript viewer's path).
+    ``tasks`` and ``first``: play ``tasks`` tasks (default ``eval.held_out_tasks``) from task
+    ``first`` on, ``env.reset(seed=eval.seed + first + i)`` (the validation tasks)."""
     from areal_agents.eval import EvalConfig, EvalPolicyConfig, _make_policy, run_eval
 
     shutil.rmtree(directory, ignore_errors=True)  # a half-written one from a killed run
@@ -99,9 +111,9 @@ def evaluate(cfg: TrainConfig, base_url: str, served_name: str, directory: Path)
             max_tokens=cfg.inference.max_tokens,
             timeout_s=cfg.inference.request_timeout_s,
         ),
-        num_episodes=cfg.eval.held_out_tasks,
+        num_episodes=cfg.eval.held_out_tasks if tasks is None else tasks,
         samples_per_task=1,
-        seed=cfg.eval.seed,
+        seed=cfg.eval.seed + first,
         output_dir=str(directory),
         progress=cfg.log.progress,
     )
@@ -138,14 +150,26 @@ def task_successes(directory: Path) -> dict[int, bool] | None:
 def task_family(task_id: str) -> str | None:
     """The family (generator template) of a task, read from its id: the procedural sources
     name their tasks ``<source>/<template>/<instance>`` (``gen/count_words/17``,
-    ``rg/basic_arithmetic/3``, ``kb0/born_in/x12``), whose family is ``<source>/<template>``.
-    None for an id of fewer parts (``HumanEval/12``, a JSONL file's ``name/7``): such a task
-    is a family of its own.
+    ``rg/basic_arithmetic/3``), whose family is ``<source>/<template>``. A source named with a
+    number at its end is one instance of a generator, not a template: ``search`` builds a
+    knowledge base per task (``kb1016164991/birth_currency/person-36``), and its questions'
+    family is the relation they ask for, whatever the base (``kb/birth_currency``). None for an
+    id of fewer parts (``HumanEval/12``, a JSONL file's ``name/7``): such a task is a family
+    of its own.
 
     >>> task_family("gen/count_words/1099128568"), task_family("HumanEval/12")
-    ('gen/count_words', None)"""
+    ('gen/count_words', None)
+    >>> task_family("kb1016164991/city_capital/city-13")
+    'kb/city_capital'"""
     parts = task_id.split("/")
-    return "/".join(parts[:-1]) if len(parts) >= 3 and all(parts) else None
+    if len(parts) < 3 or not all(parts):
+        return None
+    source = _INSTANCE_NUMBER.sub("", parts[0]) or parts[0]
+    return "/".join([source, *parts[1:-1]])
+
+
+#: The number that ends a source's name where it names one instance of a generator (``kb7``).
+_INSTANCE_NUMBER = re.compile(r"(?<=[A-Za-z])\d+$")
 
 
 def task_families(directory: Path) -> dict[int, str]:
@@ -164,8 +188,10 @@ def task_families(directory: Path) -> dict[int, str]:
 
 def paired_gains(eval_dir: Path, undemonstrated: Collection[str] = ()) -> dict[str, Any]:
     """The paired comparisons of the run's held-out measurements in ``eval_dir`` (``base``,
-    ``before``, ``after``): ``rl_gain`` (before -> after), ``warm_start_gain`` (base ->
-    before) and ``gain`` (base -> after), each a :class:`~areal_agents.stats.PairedComparison`
+    ``before``, ``after``, ``last``): ``rl_gain`` (before -> after), ``warm_start_gain``
+    (base -> before), ``gain`` (base -> after) and, where validation chose a final policy other
+    than the last step's (``trainers/selection.py``), ``rl_gain_last`` (before -> last), each a
+    :class:`~areal_agents.stats.PairedComparison`
     as JSON, with the interval by task family where the tasks come in families (the instances
     of one template tend to be solved or failed together); a pair with a measurement missing is
     left out.
@@ -174,12 +200,13 @@ def paired_gains(eval_dir: Path, undemonstrated: Collection[str] = ()) -> dict[s
     (``warm_start.exclude_families``); RL's gain is then also split, on the held-out tasks of
     those families (``rl_gain_undemonstrated``: what only the rewards taught) and on the others
     (``rl_gain_demonstrated``)."""
-    solved = {name: task_successes(eval_dir / name) for name in ("base", "before", "after")}
+    names = ("base", "before", "after", "last")
+    solved = {name: task_successes(eval_dir / name) for name in names}
     families: dict[int, str] = {}
     for name in ("base", "before", "after"):  # the same tasks in each: any one names them
         families = families or task_families(eval_dir / name)
     pairs = {"rl_gain": ("before", "after"), "warm_start_gain": ("base", "before")}
-    pairs["gain"] = ("base", "after")
+    pairs.update(gain=("base", "after"), rl_gain_last=("before", "last"))
     out: dict[str, Any] = {}
     for key, (a, b) in pairs.items():
         first, second = solved[a], solved[b]
@@ -272,6 +299,29 @@ def _duration(seconds: float | None) -> str:
     return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
+def _selection_lines(held: Mapping[str, Any]) -> list[str]:
+    """How the final policy was chosen on validation tasks (``trainers/selection.py``), and what
+    the last step's weights scored on the held-out tasks where another was chosen."""
+    selection = held.get("selection")
+    if not selection:
+        return []
+    scores = ", ".join(
+        f"step {step} {_pct(success)}" for step, success in selection["candidates"].items()
+    )
+    chosen, last = selection["chosen_step"], selection["last_step"]
+    lines = [
+        f"  final policy:    step {chosen} of {last}, the best on {selection['tasks']} "
+        f"validation tasks ({scores})"
+    ]
+    if chosen != last and held.get("last"):
+        b, z = (held.get("before") or {}).get("success"), held["last"].get("success")
+        lines.append(
+            f"  RL's last step:  {_pct(b)} -> {_pct(z)}"
+            + (_paired_line(held.get("rl_gain_last")) or _gain(b, z))
+        )
+    return lines
+
+
 def closing_screen(summary: Mapping[str, Any]) -> str:
     """The lines printed at the end of a run, from its ``summary.json`` contents."""
     run = Path(str(summary.get("run_dir", ".")))
@@ -305,6 +355,7 @@ def closing_screen(summary: Mapping[str, Any]) -> str:
         )
     else:
         lines.append("held-out success: not measured (eval.held_out_tasks=0)")
+    lines.extend(_selection_lines(held))
     for side, words in DEMONSTRATION_SIDES:
         part = held.get(f"rl_gain_{side}")
         if held.get("tasks") and part:  # RL's gain split by warm_start.exclude_families

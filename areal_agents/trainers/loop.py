@@ -45,7 +45,6 @@ from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.held_out import (
     closing_screen,
     disk_mb,
-    evaluate,
     held_out_before,
     held_out_task_ids,
     paired_gains,
@@ -95,6 +94,7 @@ from areal_agents.trainers.runtime import (
     stop_workers,
     worker_env,
 )
+from areal_agents.trainers.selection import final_evaluations, final_weights, keep_candidate
 from areal_agents.trainers.step_records import (
     print_summary,
     sample_transcripts,
@@ -269,6 +269,8 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
         }
         sync = make_sync(cfg, servers, run_dir)
         elapsed_before = 0.0
+        if resume_from is None:  # the weights RL starts from: a candidate for the final policy
+            keep_candidate(cfg, learners, run_dir, 0)
         if resume_from is not None:
             step = learners.load_checkpoint(resume_from / "learner")
             ray.get(buffer.load_state_dict.remote(state=read_json(resume_from / "buffer.json")))
@@ -375,6 +377,7 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
             bar.update(1)
             bar.set_postfix(progress_postfix(metrics))  # tool errors and drops when non-zero
 
+            keep_candidate(cfg, learners, run_dir, step)  # every eval.validation_every steps
             if checkpoint_due(step, cfg, time.perf_counter() - last_ckpt_at):
                 sync.join()  # the buffer saved holds the version the servers serve
                 save_checkpoint(ckpt, step, learners, buffer, time.perf_counter() - start)
@@ -393,12 +396,11 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
             print(f"stopped after step {step}: trainer.time_budget_s={budget} s spent")
         stop_workers(workers, runs)  # the held-out evaluation has the servers to itself
         eval_start = time.perf_counter()
-        after = None
-        if cfg.eval.held_out_tasks:
-            after = evaluate(
-                cfg, str(servers[0].base_url), client_model, run_dir / "eval" / "after"
-            )
-        weights = run_dir / "weights" / f"v{step:06d}"
+        # the final policy (chosen on validation tasks, eval.validation_tasks) and its scores
+        after, last_step, selection = final_evaluations(
+            cfg, learners, servers[0], client_model, run_dir, step
+        )
+        weights = final_weights(run_dir, selection, step)
         lean_finished_run(run_dir, ckpt.latest())  # no optimizer, no warm-start copy at the end
         first = clock.first_step_at and clock.first_step_at - clock.process_start
         eval_s = sum(clock.phases.get(k, 0.0) for k in ("eval_base_s", "eval_before_s"))
@@ -427,6 +429,8 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
                 "base": base,
                 "before": before,
                 "after": after,
+                "last": last_step,  # the last step's weights, where validation chose another
+                "selection": selection,
                 # each change on the same tasks, with its CI
                 **paired_gains(run_dir / "eval", cfg.warm_start.exclude_families),
             },

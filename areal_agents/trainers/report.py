@@ -125,11 +125,17 @@ def _script_safe(data: Any) -> str:
 
 
 #: The held-out measurements, in order, and what the page calls them.
-_HELD_OUT = (("base", "base model"), ("before", "after the warm start"), ("after", "after RL"))
+_HELD_OUT = (
+    ("base", "base model"),
+    ("before", "after the warm start"),
+    ("after", "after RL"),
+    ("last", "RL's last step (validation chose another)"),
+)
 #: The paired changes ``summary.json`` holds (``trainers/held_out.py:paired_gains``).
 _CHANGES = (
     ("warm_start_gain", "warm start"),
     ("rl_gain", "RL"),
+    ("rl_gain_last", "RL's last step"),
     ("rl_gain_undemonstrated", "RL, on families never demonstrated"),
     ("rl_gain_demonstrated", "RL, on demonstrated families"),
     ("gain", "warm start + RL"),

@@ -45,8 +45,17 @@ def test_collect_splits_the_warm_start_gain_from_the_rl_gain(tmp_path: Path) -> 
     assert result["reward_curve"] == [[100.0, 0.25], [200.0, 0.5]]
     assert result["training_s"]["total"] == 760.0 and result["rl_wall_s"] == 600.0
     assert result["load_average_1m"]["mean"] == 5.0 and result["load_average_1m"]["max"] == 6.0
+    assert held["selection"] is None and held["rl_gain_last_points"] is None
+    # validation chose step 2 of 3: the last step's own held-out score is kept beside it
+    chosen = {"chosen_step": 2, "last_step": 3, "candidates": {"0": 0.5, "2": 0.7, "3": 0.6}}
+    summary["held_out"].update(selection=chosen, last={"success": 0.375})
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    held = collect(tmp_path)["held_out"]
+    assert held["selection"] == chosen and held["last_step"] == 0.375
+    assert held["rl_gain_points"] == 12.5 and held["rl_gain_last_points"] == -12.5
     # without a warm start the gain is before -> after
     summary["held_out"].pop("base")
+    summary["held_out"].pop("last")
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     held = collect(tmp_path)["held_out"]
     assert held["gain_points"] == 12.5 and held["warm_start_gain_points"] is None

@@ -227,3 +227,23 @@ def test_compare_reads_runs_whose_directories_are_gone_from_their_stored_records
     assert "undemonstrated" in live  # the split came back from the record too
     elsewhere = [{**e, "root": str(tmp_path / "other")} for e in stored]  # another root's runs
     assert rl_gain.compare("code_sandbox", [0], tmp_path, "r1,r2", "before", elsewhere) == header
+
+
+def test_a_run_whose_final_policy_was_chosen_keeps_its_last_step_s_outcomes(
+    tmp_path: Path,
+) -> None:
+    """Where validation chose a final policy other than the last step's
+    (``trainers/selection.py``), the run's ``eval/last`` holds the last step's held-out
+    outcomes: the entry pairs them with "before" too, and keeps them task by task."""
+    ids = [f"gen/t{i % 12}/{i}" for i in range(24)]
+    seed_dir = tmp_path / "code_sandbox-seed0"
+    write_outcomes(seed_dir / "before", ids, [i % 12 < 6 for i in range(24)])
+    write_outcomes(seed_dir / "r" / "eval" / "after", ids, [i % 12 < 6 for i in range(24)])
+    assert rl_gain._paired(seed_dir, seed_dir / "r", "last") is None  # the last step was chosen
+    assert rl_gain.task_record(seed_dir, seed_dir / "r")["last"] == {}
+    write_outcomes(seed_dir / "r" / "eval" / "last", ids, [i % 12 < 4 for i in range(24)])
+    last = rl_gain._paired(seed_dir, seed_dir / "r", "last")
+    assert last is not None and last["regressed"] == 4 and last["improved"] == 0
+    assert rl_gain._paired(seed_dir, seed_dir / "r")["gain_points"] == 0.0  # type: ignore[index]
+    record = rl_gain.task_record(seed_dir, seed_dir / "r")
+    assert record["last"]["4"] == 0 and record["after"]["4"] == 1

@@ -465,6 +465,8 @@ COVERED: dict[str, str] = {
     "eval.seed": "tests/trainers/test_held_out.py",
     "eval.before": "tests/test_train.py",
     "eval.temperature": "tests/test_train.py",
+    "eval.validation_tasks": "tests/trainers/test_selection.py",
+    "eval.validation_every": "tests/trainers/test_selection.py",
 }
 
 

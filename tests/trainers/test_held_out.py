@@ -10,7 +10,7 @@ from areal_agents.envs.registry import make_env
 from areal_agents.trainers.buffer import TrajectoryBuffer
 from areal_agents.trainers.config import EnvConfig, TrainConfig
 from areal_agents.trainers.data import avoid_tasks, task_id_of, task_seed
-from areal_agents.trainers.held_out import closing_screen, held_out_task_ids
+from areal_agents.trainers.held_out import closing_screen, held_out_task_ids, task_family
 from areal_agents.trainers.rollout_worker import LocalBuffer, RolloutWorker
 from tests.trainers.test_rollout_worker import AnswerPolicy, run
 
@@ -28,13 +28,20 @@ def test_held_out_tasks_and_seed_pick_the_eval_commands_tasks() -> None:
 
     env = make_env("calculator")
     eval_tasks = []
-    for i in range(5):  # python -m areal_agents.eval seed=3: task i is reset(seed=3 + i)
+    for i in range(6):  # python -m areal_agents.eval seed=3: task i is reset(seed=3 + i)
         env.reset(seed=3 + i)
         eval_tasks.append(env.unwrapped.task.id)  # type: ignore[attr-defined]
-    assert ids("eval.held_out_tasks=5", "eval.seed=3") == frozenset(eval_tasks)
-    assert ids("eval.held_out_tasks=5", "eval.seed=0") != frozenset(eval_tasks)
-    assert len(ids() or ()) == 128  # the default
+    only = "eval.validation_tasks=0"  # the held-out tasks alone
+    assert ids("eval.held_out_tasks=5", "eval.seed=3", only) == frozenset(eval_tasks[:5])
+    assert ids("eval.held_out_tasks=5", "eval.seed=0", only) != frozenset(eval_tasks[:5])
+    assert len(ids(only) or ()) == 128  # the default
     assert ids("eval.held_out_tasks=0") == frozenset()
+    # the validation tasks (trainers/selection.py) follow them, and are never trained on either
+    assert ids("eval.held_out_tasks=3", "eval.seed=3", "eval.validation_tasks=2") == frozenset(
+        eval_tasks[:5]
+    )
+    assert ids("eval.held_out_tasks=4", "eval.seed=3") == frozenset(eval_tasks[:6])  # 4 + 4 // 2
+    assert len(ids() or ()) == 128 + 64
 
 
 def test_training_never_draws_a_held_out_task() -> None:
@@ -101,3 +108,15 @@ def test_closing_screen_shows_before_after_and_where_things_are(tmp_path: Path) 
     assert "RL:              25.0% -> 50.0%  (+25.0 points)" in screen
     off = closing_screen({**summary, "held_out": {"tasks": 0}})
     assert "not measured (eval.held_out_tasks=0)" in off
+
+
+def test_search_questions_fall_into_families_by_the_relation_they_ask_for() -> None:
+    """search builds a knowledge base per task (``kb<seed>/<relation>/<entity>``): the family
+    that moves together is the relation, so the interval by family, the per-template tables
+    and ``warm_start.exclude_families`` group its tasks by relation, not one family each."""
+    cfg = load_config(TrainConfig, ["env=search", "eval.held_out_tasks=40"])
+    ids = held_out_task_ids(cfg) or frozenset()
+    bases = {t.split("/")[0] for t in ids}
+    relations = {t.split("/")[1] for t in ids}
+    assert len(bases) > len(relations) >= 3  # many bases, a few relations
+    assert {task_family(t) for t in ids} == {f"kb/{r}" for r in relations}
