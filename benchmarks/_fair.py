@@ -73,7 +73,9 @@ def held_out_ids(env_name: str, tasks: int) -> frozenset[str]:
     from areal_agents.trainers.config import TrainConfig
     from areal_agents.trainers.held_out import held_out_task_ids
 
-    cfg = load_config(TrainConfig, [f"env={env_name}", f"eval.held_out_tasks={tasks}"])
+    # the benchmarks' runs score their last step (eval.validation_tasks=0): no validation ids
+    overrides = [f"env={env_name}", f"eval.held_out_tasks={tasks}", "eval.validation_tasks=0"]
+    cfg = load_config(TrainConfig, overrides)
     return held_out_task_ids(cfg) or frozenset()
 
 

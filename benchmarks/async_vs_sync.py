@@ -121,6 +121,7 @@ def _overrides(args: argparse.Namespace, staleness: int, out_dir: Path, seed: in
         "trainer.checkpoint_interval_s=null",
         f"eval.held_out_tasks={args.held_out}",
         "eval.before=false",  # every mode starts from the same weights: scored at the end only
+        "eval.validation_tasks=0",  # what each mode's last step learnt, not a choice among steps
         "trainer.time_budget_s=null",  # every mode trains all of its steps
         "trainer.resume=never",
         f"inference.max_tokens={args.max_tokens}",

@@ -102,6 +102,7 @@ def run_setting(
         f"eval.held_out_tasks={held_out}",
         f"eval.seed={HELD_OUT_SEED}",
         "eval.temperature=1.0",  # as the quickstart measures: its warm start is right greedily
+        "eval.validation_tasks=0",  # what each last step learnt, not a choice among steps
         *overrides,
     ]
     load_before, others = os.getloadavg(), other_load()

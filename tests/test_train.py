@@ -409,7 +409,9 @@ def test_eval_before_false_and_a_temperature_score_at_the_end_only_sampling(
     assert held["after"]["episodes"] == 2
     assert held["after"]["sampling"]["temperature"] == 1.0  # the default run's is 0.0
     assert "never trained on, temperature 1)" in out.decode()
-    assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["after"]
+    # no "before" or "base"; the final policy's choice (eval.validation_tasks: 1 task here)
+    measured = ["after", *(["last"] if held["last"] else []), "validation"]
+    assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == measured
     from areal_agents.config import load_config
     from areal_agents.trainers.config import TrainConfig
 
