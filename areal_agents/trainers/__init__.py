@@ -17,6 +17,8 @@ then), so the pure pieces — buffer, task stream, checkpoints, config — stay 
 ``checkpoint``         atomic checkpoint directories, RNG capture
 ``metrics``            ``metrics.jsonl``, TensorBoard, transcripts, summary + PNG
 ``loop``               :func:`train`: the main loop
+``held_out``           held-out success before and after, paired; the closing screen
+``selection``          the final policy, chosen among steps on validation tasks
 ``algorithms``         :class:`AlgoConfig`, presets, what an algorithm needs
 ``advantages``         advantage estimators and ``compute_advantages``
 ``losses``             policy losses, ``aggregate`` and ``compute_policy_loss``
