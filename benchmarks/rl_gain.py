@@ -246,7 +246,9 @@ def _cells(c: dict[str, Any]) -> str:
 
 def table(entries: Sequence[dict[str, Any]]) -> str:
     """A markdown table: one row per env, variant and seed (and, for a warm start that left
-    families out, a row each for the held-out tasks of those families and of the rest)."""
+    families out, a row each for the held-out tasks of those families and of the rest; where
+    validation chose a final policy before the last step, its step in the steps cell and a row
+    for the last step's own weights)."""
     from areal_agents.trainers.held_out import DEMONSTRATION_SIDES
 
     lines = [
@@ -265,10 +267,15 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
             for side, _ in DEMONSTRATION_SIDES
             if h.get(f"rl_gain_{side}")
         ]
+        if e.get("held_out_last"):
+            parts.append((" (last step)", e["held_out_last"]))
+        chosen = (e.get("selection") or {}).get("chosen_step")
+        steps = (
+            f"{e['steps']} (final: {chosen})" if chosen not in (None, e["steps"]) else e["steps"]
+        )
         for suffix, c in parts:
             lines.append(
-                f"| {e['env']} | {e['name']}{suffix} | {e['seed']} | {_cells(c)} | "
-                f"{e['steps']} | {kl} |"
+                f"| {e['env']} | {e['name']}{suffix} | {e['seed']} | {_cells(c)} | {steps} | {kl} |"
             )
     return "\n".join(lines)
 

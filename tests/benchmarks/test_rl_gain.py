@@ -71,6 +71,14 @@ def test_by_variant_sums_the_seeds_of_each_variant() -> None:
     assert "+12.5** (+8.5 to +16.5)" in rl_gain.table(entries[:1])
     assert rl_gain.table(entries[:1]).endswith("| 24 | 4.0e-03 / 3.0e-03 |")  # sum / max
     assert "| - | 18 / 2 |" in rl_gain.table(entries[:1])  # no family interval stored
+    # validation chose step 12 of 24: the steps cell says so, and a row has the last step's
+    last = entry("x", 0, -6.0, 1, 9)["held_out"]
+    chosen = {**entries[0], "selection": {"chosen_step": 12}, "held_out_last": last}
+    rows = rl_gain.table([chosen]).splitlines()[2:]
+    assert len(rows) == 2 and all("| 24 (final: 12) |" in r for r in rows)
+    assert "(last step) | 0 |" in rows[1] and "**-6.0**" in rows[1] and "| 1 / 9 |" in rows[1]
+    same = {**entries[0], "selection": {"chosen_step": 24}}  # the last step chosen: as before
+    assert rl_gain.table([same]) == rl_gain.table(entries[:1])
 
 
 def test_rescore_recomputes_each_comparison_by_family_from_the_runs(tmp_path: Path) -> None:
