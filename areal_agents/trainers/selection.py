@@ -40,9 +40,11 @@ __all__ = [
 
 def selecting(cfg: TrainConfig) -> bool:
     """Whether the run chooses its final policy on validation tasks: ``eval.validation_tasks``
-    resolves to more than 0, and the servers can be given a candidate's full weights (not with
-    a LoRA adapter served by vLLM, where the client names the adapter on top of the base)."""
-    if cfg.eval.validation_count <= 0:
+    resolves to more than 0, and a server can load a candidate from the driver's disk: a local
+    run (on a cluster, ``ray.address``, learner rank 0 and the servers need not share that
+    disk) that serves full weights (not a LoRA adapter served by vLLM, where the client names
+    the adapter on top of the base). Elsewhere the last step is final."""
+    if cfg.eval.validation_count <= 0 or cfg.ray.address:
         return False
     return not (cfg.model.lora.enabled and cfg.inference.engine == "vllm")
 

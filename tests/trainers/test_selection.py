@@ -100,6 +100,10 @@ def test_validation_tasks_default_to_half_the_held_out_tasks_and_can_be_set() ->
     assert config("eval.held_out_tasks=10", "eval.validation_tasks=3").eval.validation_count == 3
     assert not selecting(config("eval.held_out_tasks=1"))  # 1 // 2 = 0: no selection
     assert selecting(config("eval.held_out_tasks=0", "eval.validation_tasks=4"))
+    # where a server cannot load a candidate from the driver's disk, the last step is final
+    assert not selecting(config("ray.address=127.0.0.1:6379"))
+    assert not selecting(config("model.lora.r=8", "inference.engine=vllm"))
+    assert selecting(config("model.lora.r=8"))  # the built-in server loads the merged weights
     with pytest.raises(ConfigError, match=r"eval\.validation_every"):
         config("eval.validation_every=0")
     with pytest.raises(ConfigError, match="validation_tasks"):
