@@ -397,7 +397,7 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
         stop_workers(workers, runs)  # the held-out evaluation has the servers to itself
         eval_start = time.perf_counter()
         # the final policy (chosen on validation tasks, eval.validation_tasks) and its scores
-        after, last_step, selection = final_evaluations(
+        after, last_scored, selection = final_evaluations(
             cfg, learners, servers[0], client_model, run_dir, step
         )
         weights = final_weights(run_dir, selection, step)
@@ -429,7 +429,7 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
                 "base": base,
                 "before": before,
                 "after": after,
-                "last": last_step,  # the last step's weights, where validation chose another
+                "last": last_scored,  # the last step's weights, where validation chose another
                 "selection": selection,
                 # each change on the same tasks, with its CI
                 **paired_gains(run_dir / "eval", cfg.warm_start.exclude_families),
