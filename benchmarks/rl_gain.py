@@ -129,8 +129,6 @@ def _paired(seed_dir: Path, run_dir: Path, when: str = "after") -> dict[str, Any
     """:func:`paired` for a variant's run (its final policy, or ``when="last"``: the last
     step's, scored where validation chose another) against its seed's shared "before"; None
     where the run has no such measurement."""
-    if not (run_dir / "eval" / when).is_dir():
-        return None
     return paired(seed_dir / "before", run_dir / "eval" / when, _undemonstrated(seed_dir))
 
 
@@ -405,7 +403,9 @@ def rescore(entries: Sequence[dict[str, Any]], root: Path) -> list[dict[str, Any
         run_dir = seed_dir / e["name"]
         paired = _paired(seed_dir, run_dir)
         if paired:
-            out.append({**e, "held_out": paired, "tasks": task_record(seed_dir, run_dir)})
+            last = _paired(seed_dir, run_dir, "last")
+            record = task_record(seed_dir, run_dir)
+            out.append({**e, "held_out": paired, "held_out_last": last, "tasks": record})
         else:
             out.append(dict(e))
     return out

@@ -147,6 +147,10 @@ def task_successes(directory: Path) -> dict[int, bool] | None:
     return out
 
 
+#: The number that ends a source's name where it names one instance of a generator (``kb7``).
+_INSTANCE_NUMBER = re.compile(r"(?<=[A-Za-z])\d+$")
+
+
 def task_family(task_id: str) -> str | None:
     """The family (generator template) of a task, read from its id: the procedural sources
     name their tasks ``<source>/<template>/<instance>`` (``gen/count_words/17``,
@@ -164,12 +168,8 @@ def task_family(task_id: str) -> str | None:
     parts = task_id.split("/")
     if len(parts) < 3 or not all(parts):
         return None
-    source = _INSTANCE_NUMBER.sub("", parts[0]) or parts[0]
+    source = _INSTANCE_NUMBER.sub("", parts[0])  # a letter stays before the number
     return "/".join([source, *parts[1:-1]])
-
-
-#: The number that ends a source's name where it names one instance of a generator (``kb7``).
-_INSTANCE_NUMBER = re.compile(r"(?<=[A-Za-z])\d+$")
 
 
 def task_families(directory: Path) -> dict[int, str]:

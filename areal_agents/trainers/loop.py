@@ -269,8 +269,6 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
         }
         sync = make_sync(cfg, servers, run_dir)
         elapsed_before = 0.0
-        if resume_from is None:  # the weights RL starts from: a candidate for the final policy
-            keep_candidate(cfg, learners, run_dir, 0)
         if resume_from is not None:
             step = learners.load_checkpoint(resume_from / "learner")
             ray.get(buffer.load_state_dict.remote(state=read_json(resume_from / "buffer.json")))
@@ -280,6 +278,8 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
             ray.get(buffer.set_version.remote(version=step))
             # ---- rollout workers generate in the background from here on -----------------
             start_rollouts()
+        else:  # the weights RL starts from: a candidate for the final policy
+            keep_candidate(cfg, learners, run_dir, 0)
         if lost_at is not None:  # the loss of the run before, now that it is back
             resumed = resume_from.name if resume_from else None
             restart_s = round(time.time() - lost_at, 3)

@@ -94,8 +94,9 @@ def choose_final(
     """Score every kept candidate up to ``last_step`` on the validation tasks against
     ``server`` and leave the best loaded there (the earliest of equal scores). Returns the
     selection (``candidates``: ``{step: success}``, ``chosen_step``, ``last_step``,
-    ``tasks``, ``every`` and ``weights``, the chosen candidate's directory) and the weight
-    version the server now serves; the candidates neither chosen nor the last are deleted.
+    ``tasks`` and ``every``; :func:`final_weights` adds ``weights`` once it has kept the one
+    copy) and the weight version the server now serves. Every candidate stays on disk until
+    then, so that a run killed here scores them all again.
 
     The server is given each candidate as a new weight version above ``last_step`` (vLLM
     accepts only increasing versions)."""
@@ -121,16 +122,12 @@ def choose_final(
     if chosen != steps[-1]:
         version += 1
         _load(server, candidate_dir(run_dir, chosen), version, cfg)
-    for step in steps:
-        if step != chosen and step != last_step:
-            shutil.rmtree(candidate_dir(run_dir, step), ignore_errors=True)
     selection = {
         "tasks": tasks,
         "every": cfg.eval.validation_every,
         "candidates": {str(s): scores[s] for s in steps},
         "chosen_step": chosen,
         "last_step": last_step,
-        "weights": str(candidate_dir(run_dir, chosen)),
     }
     return selection, version
 
@@ -141,7 +138,7 @@ def final_evaluations(
     """After the last step (rollouts stopped): ``(after, last, selection)``. With selection on,
     the final policy is chosen (:func:`choose_final`), the held-out tasks score it into
     ``eval/after`` and, when it is not the last step's, the last step's weights into
-    ``eval/last``, then the last step's candidate copy goes; without it ``after`` scores the
+    ``eval/last``; without it ``after`` scores the
     weights served now and ``last`` and ``selection`` are None. Each is None where
     ``eval.held_out_tasks`` is 0."""
     held_out = cfg.eval.held_out_tasks
@@ -154,27 +151,26 @@ def final_evaluations(
     after = last = None
     if held_out:
         after = evaluate(cfg, url, served_name, run_dir / "eval" / "after")
-    if selection["chosen_step"] != step:
-        if held_out:
-            _load(server, candidate_dir(run_dir, step), version + 1, cfg)
-            last = evaluate(cfg, url, served_name, run_dir / "eval" / "last")
-        shutil.rmtree(candidate_dir(run_dir, step), ignore_errors=True)
+    if held_out and selection["chosen_step"] != step:
+        _load(server, candidate_dir(run_dir, step), version + 1, cfg)
+        last = evaluate(cfg, url, served_name, run_dir / "eval" / "last")
     return after, last, selection
 
 
 def final_weights(run_dir: Path, selection: dict[str, Any] | None, step: int) -> Path:
-    """The directory of the final policy's weights, one copy kept: the last step's served
-    weights (``<run>/weights/vNNNNNN``, where the weight sync wrote them) unless validation
-    chose an earlier candidate, whose directory it then is (the last step's weights stay in
-    its checkpoint)."""
+    """The directory of the final policy's weights, the one copy kept (recorded as the
+    selection's ``weights``): the last step's served weights (``<run>/weights/vNNNNNN``, where
+    the weight sync wrote them) unless validation chose an earlier candidate, whose directory
+    it then is (the last step's weights stay in its checkpoint). Every other candidate goes."""
     served = run_dir / "weights" / f"v{step:06d}"
     if selection is None:
         return served
-    chosen = candidate_dir(run_dir, int(selection["chosen_step"]))
-    if selection["chosen_step"] == step and served.is_dir():
-        shutil.rmtree(chosen, ignore_errors=True)
-        chosen = served
-    elif selection["chosen_step"] != step:
+    chosen = int(selection["chosen_step"])
+    final = served if chosen == step and served.is_dir() else candidate_dir(run_dir, chosen)
+    for kept in candidate_steps(run_dir):
+        if candidate_dir(run_dir, kept) != final:
+            shutil.rmtree(candidate_dir(run_dir, kept), ignore_errors=True)
+    if final != served:
         shutil.rmtree(served, ignore_errors=True)
-    selection["weights"] = str(chosen)
-    return chosen
+    selection["weights"] = str(final)
+    return final

@@ -137,7 +137,9 @@ def test_the_best_candidate_on_validation_is_chosen_the_earliest_of_equal_scores
         ("step_000012", 28),
     ]
     assert version == 28 and server.serving == "step_000012"
-    assert candidate_steps(tmp_path) == [12, 24]  # neither chosen nor last: deleted
+    assert candidate_steps(tmp_path) == [0, 12, 24]  # all kept until the final weights
+    assert final_weights(tmp_path, chosen, 24) == candidate_dir(tmp_path, 12)
+    assert candidate_steps(tmp_path) == [12]  # one copy of the final policy
 
     # a strictly better later step wins, and is not reloaded (it is served already)
     make_candidates(tmp_path / "b", [0, 5])
