@@ -275,8 +275,8 @@ class HeldOutConfig:
     scores, is the final policy, which the held-out tasks then score (the last step's too,
     when another was chosen: ``eval/last``). They follow the held-out tasks (task ``i`` is the
     one ``env.reset(seed=eval.seed + eval.held_out_tasks + i)`` draws) and are never trained
-    on. None: half of ``eval.held_out_tasks``; 0: no selection, the last step is final (as on
-    a cluster and with a LoRA adapter served by vLLM: ``selection.selecting``)."""
+    on. None: half of ``eval.held_out_tasks``; 0: no selection, the last step is final (as with a
+    LoRA adapter served by vLLM: ``selection.selecting``)."""
     validation_every: int = 12
     """Steps between two candidates for the final policy (``eval.validation_tasks``)."""
 

@@ -110,7 +110,26 @@ class LearnerGroup:
         return dict(self._all("train_step", trajectories=ref))
 
     def export_weights(self, directory: Path) -> None:
+        """The policy as a Hugging Face directory, written by rank 0 on its own node (what the
+        disk weight sync gives servers that share that disk)."""
         self._all("export_weights", directory=str(directory))
+
+    def export_weights_to_driver(self, directory: Path) -> None:
+        """:meth:`export_weights` into ``directory`` on the driver's disk: on a cluster rank 0
+        sends its files here (its node need not share the run directory)."""
+        if not self.on_cluster:
+            self.export_weights(directory)
+            return
+        self._files_to_driver("weight_files", directory)
+
+    def _files_to_driver(self, method: str, directory: Path) -> None:
+        """Every rank's files from ``method`` (a ``*_files`` collective) into ``directory``."""
+        try:
+            parts = gather([getattr(a, method).remote() for a in self.actors])
+        except LearnerLost:
+            self.lost = True
+            raise
+        write_files({name: data for part in parts for name, data in part.items()}, directory)
 
     def full_state(self) -> dict[str, Any]:
         return dict(self._all("full_state"))
@@ -160,12 +179,7 @@ class LearnerGroup:
         if not self.on_cluster:
             self._all("save_checkpoint", directory=str(directory))
             return
-        try:
-            parts = gather([a.checkpoint_files.remote() for a in self.actors])
-        except LearnerLost:
-            self.lost = True
-            raise
-        write_files({name: data for part in parts for name, data in part.items()}, directory)
+        self._files_to_driver("checkpoint_files", directory)
 
     def load_checkpoint(self, directory: Path) -> int:
         if not self.on_cluster:

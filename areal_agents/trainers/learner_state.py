@@ -88,6 +88,13 @@ class LearnerState:
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
         self.config.save_pretrained(str(out))
 
+    def weight_files(self) -> dict[str, bytes]:
+        """:meth:`export_weights` through this node's temporary directory: the files rank 0
+        wrote (``{}`` on others), for the driver to store. Collective."""
+        with tempfile.TemporaryDirectory(prefix="areal-weights-") as tmp:
+            self.export_weights(tmp)
+            return read_files(tmp) if self.spec.rank == 0 else {}
+
     def init_vllm_transfer(self, **kwargs: Any) -> None:
         """Join vLLM's weight transfer (``inference.weight_sync=nccl|ipc``): see
         :func:`~areal_agents.serving.vllm_transfer.module_transfer` for ``kwargs``. Collective."""

@@ -40,11 +40,11 @@ __all__ = [
 
 def selecting(cfg: TrainConfig) -> bool:
     """Whether the run chooses its final policy on validation tasks: ``eval.validation_tasks``
-    resolves to more than 0, and a server can load a candidate from the driver's disk: a local
-    run (on a cluster, ``ray.address``, learner rank 0 and the servers need not share that
-    disk) that serves full weights (not a LoRA adapter served by vLLM, where the client names
-    the adapter on top of the base). Elsewhere the last step is final."""
-    if cfg.eval.validation_count <= 0 or cfg.ray.address:
+    resolves to more than 0 and the servers are given full weights (not a LoRA adapter served
+    by vLLM, where the client names the adapter on top of the base, so a candidate could not
+    be swapped in). Elsewhere the last step is final. On a cluster (``ray.address``) too: the
+    candidates come to the driver's disk and go to the server as tensors (:func:`_load`)."""
+    if cfg.eval.validation_count <= 0:
         return False
     return not (cfg.model.lora.enabled and cfg.inference.engine == "vllm")
 
@@ -71,21 +71,35 @@ def keep_candidate(
 ) -> bool:
     """Export the learners' weights as the candidate of step ``step`` when one is due (step 0,
     every ``eval.validation_every`` steps, and the ``last`` step) and not already kept;
-    whether it exported. Collective on the learners; written to a temporary name first, so
-    that a killed run leaves no half-written candidate."""
+    whether it exported. Collective on the learners; on the driver's disk (a cluster's rank 0
+    sends its files); written to a temporary name first, so that a killed run leaves no
+    half-written candidate."""
     due = step % cfg.eval.validation_every == 0 or last
     target = candidate_dir(run_dir, step)
     if not selecting(cfg) or not due or target.is_dir():
         return False
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    learners.export_weights(partial)
+    learners.export_weights_to_driver(partial)
     os.replace(partial, target)
     return True
 
 
 def _load(server: Any, path: Path, version: int, cfg: TrainConfig) -> None:
-    server.update_weights_from_disk(str(path), version, cfg.inference.weight_sync_timeout_s)
+    """Serve the candidate at ``path`` as ``version``: from the disk it is on, or, on a cluster
+    (where the server's node need not share the driver's disk), as tensors sent to it."""
+    timeout = cfg.inference.weight_sync_timeout_s
+    if not cfg.ray.address:
+        server.update_weights_from_disk(str(path), version, timeout)
+        return
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for part in sorted(path.glob("*.safetensors")):
+        state.update(load_file(str(part)))
+    if not state:
+        raise FileNotFoundError(f"no safetensors weights in the candidate at {path}")
+    server.update_weights_from_state_dict(state, version, timeout)
 
 
 def choose_final(
@@ -160,8 +174,9 @@ def final_evaluations(
 def final_weights(run_dir: Path, selection: dict[str, Any] | None, step: int) -> Path:
     """The directory of the final policy's weights, the one copy kept (recorded as the
     selection's ``weights``): the last step's served weights (``<run>/weights/vNNNNNN``, where
-    the weight sync wrote them) unless validation chose an earlier candidate, whose directory
-    it then is (the last step's weights stay in its checkpoint). Every other candidate goes."""
+    the weight sync wrote them) unless validation chose an earlier candidate, or the sync wrote
+    none on the driver's disk (on a cluster), whose candidate directory it then is (the last
+    step's weights stay in its checkpoint). Every other candidate goes."""
     served = run_dir / "weights" / f"v{step:06d}"
     if selection is None:
         return served

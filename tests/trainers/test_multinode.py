@@ -3,12 +3,14 @@
 ``ray.cluster_utils.Cluster`` starts two raylets (two "nodes") on 127.0.0.1; the training
 command attaches with ``ray.address=127.0.0.1:PORT``, finishes, and its learner, inference
 server and rollout workers ran on both nodes (read from the GCS's actor table afterwards), and
-the weights reached the server through Ray's object store, not the run directory.
+the weights reached the server through Ray's object store, not the run directory; the
+candidates for the final policy came to the driver's disk and were scored there.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -58,6 +60,7 @@ def test_a_run_attached_to_a_two_node_cluster_uses_both_nodes(cluster: Any, tmp_
         "trainer.groups_per_step=1",
         "trainer.total_steps=1",
         "eval.held_out_tasks=0",  # placement is the point here
+        "eval.validation_tasks=2",  # and the final policy's choice, through the driver
         "trainer.rollout_workers=2",
         "inference.max_tokens=8",
         "inference.weight_sync=auto",  # object_store on a cluster
@@ -85,6 +88,15 @@ def test_a_run_attached_to_a_two_node_cluster_uses_both_nodes(cluster: Any, tmp_
     assert not any((tmp_path / "run" / "weights").glob("v*"))
     # and the server's host staged them in its node's shared memory, removed at its stop
     assert set(glob.glob(f"{shm_root()}/areal-weights-*")) == staged
+    # the candidates for the final policy came to the driver (learner rank 0 sent its files)
+    # and were scored through the server; the one kept is a whole Hugging Face directory
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    chosen = summary["held_out"]["selection"]
+    assert set(chosen["candidates"]) == {"0", "1"} and chosen["tasks"] == 2
+    final = Path(summary["final_weights"])
+    assert final.parent == tmp_path / "run" / "candidates"
+    assert {"model.safetensors", "config.json"} <= {p.name for p in final.iterdir()}
+    assert len(list((tmp_path / "run" / "eval" / "validation").iterdir())) == 2
 
     ray.init(address=cluster.address, _node_ip_address="127.0.0.1")
     try:

@@ -29,15 +29,19 @@ def config(*overrides: str) -> TrainConfig:
 
 
 class Learners:
-    """Exports a file naming the step it was asked for (what ``export_weights`` writes)."""
+    """Exports the step it was asked for as the weights' one tensor (what
+    ``export_weights_to_driver`` writes on the driver's disk)."""
 
     def __init__(self) -> None:
         self.step = 0
         self.exports: list[str] = []
 
-    def export_weights(self, directory: Path) -> None:
+    def export_weights_to_driver(self, directory: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+
         directory.mkdir(parents=True)
-        (directory / "model.safetensors").write_text(f"step {self.step}")
+        save_file({"step": torch.tensor([self.step])}, str(directory / "model.safetensors"))
         self.exports.append(directory.name)
 
 
@@ -48,9 +52,14 @@ class Server:
 
     def __init__(self) -> None:
         self.loaded: list[tuple[str, int]] = []
+        self.sent: list[int] = []  # the versions that came as tensors, not from a path
 
     def update_weights_from_disk(self, path: str, version: int, timeout: float) -> None:
         self.loaded.append((Path(path).name, version))
+
+    def update_weights_from_state_dict(self, state: dict, version: int, timeout: float) -> None:
+        self.loaded.append((f"step_{int(state['step'][0]):06d}", version))
+        self.sent.append(version)
 
     @property
     def serving(self) -> str:
@@ -100,8 +109,9 @@ def test_validation_tasks_default_to_half_the_held_out_tasks_and_can_be_set() ->
     assert config("eval.held_out_tasks=10", "eval.validation_tasks=3").eval.validation_count == 3
     assert not selecting(config("eval.held_out_tasks=1"))  # 1 // 2 = 0: no selection
     assert selecting(config("eval.held_out_tasks=0", "eval.validation_tasks=4"))
-    # where a server cannot load a candidate from the driver's disk, the last step is final
-    assert not selecting(config("ray.address=127.0.0.1:6379"))
+    # a cluster selects too (candidates reach the server as tensors); where the client names
+    # a LoRA adapter that vLLM serves on top of the base, no candidate can be swapped in
+    assert selecting(config("ray.address=127.0.0.1:6379"))
     assert not selecting(config("model.lora.r=8", "inference.engine=vllm"))
     assert selecting(config("model.lora.r=8"))  # the built-in server loads the merged weights
     with pytest.raises(ConfigError, match=r"eval\.validation_every"):
@@ -210,3 +220,31 @@ def test_where_the_last_step_is_chosen_its_served_weights_are_the_one_copy(
     after, last, chosen = final_evaluations(off, Learners(), server, "policy", tmp_path / "o", 4)
     assert (after, last, chosen) == ({"success": 0.5, "episodes": 4}, None, None)
     assert final_weights(tmp_path / "o", None, 4) == tmp_path / "o" / "weights" / "v000004"
+
+
+def test_on_a_cluster_candidates_come_to_the_driver_and_reach_the_server_as_tensors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the server's node need not share the driver's disk: each candidate is sent as tensors
+    cfg = config("eval.held_out_tasks=8", "eval.validation_every=2", "ray.address=127.0.0.1:1")
+    learners = Learners()
+    for step in (0, 2):
+        learners.step = step
+        keep_candidate(cfg, learners, tmp_path, step)
+    learners.step = 3
+    server = Server()
+    scored(monkeypatch, server, {"step_000000": 0.25, "step_000002": 0.5, "step_000003": 0.75})
+    after, last, chosen = final_evaluations(cfg, learners, server, "policy", tmp_path, step=3)
+    assert chosen is not None and chosen["chosen_step"] == 3 and last is None
+    assert after == {"success": 0.75, "episodes": 4}  # the held-out tasks on the chosen step
+    # what the server served came from each candidate's own weights, never from a path
+    assert server.loaded == [("step_000000", 4), ("step_000002", 5), ("step_000003", 6)]
+    assert server.sent == [4, 5, 6]
+    # no weight sync wrote the last step under <run>/weights here: its candidate is the copy kept
+    assert final_weights(tmp_path, chosen, 3) == candidate_dir(tmp_path, 3)
+    assert candidate_steps(tmp_path) == [3]
+
+    locally = Server()  # the same candidates on a local run are loaded from the driver's disk
+    scored(monkeypatch, locally, {"step_000003": 0.75})
+    choose_final(config("eval.held_out_tasks=8"), locally, "policy", tmp_path, last_step=3)
+    assert locally.loaded == [("step_000003", 4)] and locally.sent == []
