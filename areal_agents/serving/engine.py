@@ -53,7 +53,7 @@ from areal_agents.serving.batch import (
 )
 from areal_agents.serving.engine_rows import RowWork
 from areal_agents.serving.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
-from areal_agents.serving.staging import copy_into, mapped_tensors
+from areal_agents.serving.staging import checkpoint_tensors, copy_into
 
 __all__ = ["Engine", "GenerationRequest", "GenerationResult"]
 
@@ -244,14 +244,7 @@ class Engine(RowWork):
     def update_weights_from_disk(self, path: str | Path, version: int) -> None:
         """Load every ``*.safetensors`` file of an HF checkpoint directory (or one file): each
         tensor is a view of the mapped file, copied once into its parameter."""
-        path = Path(path)
-        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
-        if not files or not all(f.is_file() for f in files):
-            raise WeightSyncError(f"no safetensors weights at {path}")
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(mapped_tensors(f))
-        self.update_weights(state, version)
+        self.update_weights(checkpoint_tensors(path), version)
 
     def close(self) -> None:
         with self._cond:

@@ -47,8 +47,10 @@ if TYPE_CHECKING:
 __all__ = [
     "FILE_NAME",
     "StagingFile",
+    "checkpoint_tensors",
     "copy_into",
     "mapped_tensors",
+    "safetensors_files",
     "safetensors_header",
     "shm_root",
 ]
@@ -265,6 +267,25 @@ class StagingFile:
             self._finalizer()  # removes the directory, once
             self._finalizer = None
         self.directory = None
+
+
+def safetensors_files(path: str | Path) -> list[Path]:
+    """The files of the safetensors checkpoint at ``path``: every ``*.safetensors`` file of a
+    directory, in order, or ``path`` itself; a :class:`WeightSyncError` where there is none."""
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise WeightSyncError(f"no safetensors weights at {path}")
+    return files
+
+
+def checkpoint_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors checkpoint at ``path`` (:func:`safetensors_files`), each
+    a read-only view of its file's memory map (:func:`mapped_tensors`)."""
+    state: dict[str, torch.Tensor] = {}
+    for f in safetensors_files(path):
+        state.update(mapped_tensors(f))
+    return state
 
 
 def mapped_tensors(path: str | Path) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal_agents.errors import WeightSyncError
+from areal_agents.serving.staging import safetensors_files
 
 if TYPE_CHECKING:
     import torch
@@ -38,12 +39,8 @@ def state_dict_shapes(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[int,
 
 def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of every ``*.safetensors`` file at ``path``, read from the headers."""
-    path = Path(path)
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
-    if not files or not all(f.is_file() for f in files):
-        raise WeightSyncError(f"no safetensors weights at {path}")
     shapes: dict[str, tuple[int, ...]] = {}
-    for f in files:
+    for f in safetensors_files(path):
         with f.open("rb") as fh:
             (size,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(size))

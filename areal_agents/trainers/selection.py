@@ -24,6 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from areal_agents.serving.staging import checkpoint_tensors
 from areal_agents.trainers.config import TrainConfig
 from areal_agents.trainers.held_out import evaluate
 
@@ -92,14 +93,7 @@ def _load(server: Any, path: Path, version: int, cfg: TrainConfig) -> None:
     if not cfg.ray.address:
         server.update_weights_from_disk(str(path), version, timeout)
         return
-    from safetensors.torch import load_file
-
-    state: dict[str, Any] = {}
-    for part in sorted(path.glob("*.safetensors")):
-        state.update(load_file(str(part)))
-    if not state:
-        raise FileNotFoundError(f"no safetensors weights in the candidate at {path}")
-    server.update_weights_from_state_dict(state, version, timeout)
+    server.update_weights_from_state_dict(checkpoint_tensors(path), version, timeout)
 
 
 def choose_final(
