@@ -7,6 +7,7 @@ then), so the pure pieces — buffer, task stream, checkpoints, config — stay 
 ``config``             :class:`TrainConfig` and its sections (the command line's keys)
 ``data``               :class:`TaskStream`: reproducible task order with a cursor
 ``buffer``             :class:`TrajectoryBuffer`: staleness bound, admission order
+``curriculum``         which task a group trains on (``algo.task_sampling``)
 ``rollout_worker``     :class:`RolloutWorker`: concurrent episodes -> trajectory groups
 ``batching``           trajectories -> padded tensors and log-probs; ranks, micro-batches
 ``forward``            the learner's forward passes; a shared prompt prefix runs once

@@ -53,6 +53,7 @@ from areal_agents.trainers.losses import (
 
 __all__ = [
     "PRESETS",
+    "TASK_SAMPLING",
     "AlgoConfig",
     "Needs",
     "compute_advantages",
@@ -66,6 +67,8 @@ __all__ = [
 
 _BASELINES = ("batch", "running", "none")
 _STD_SCOPES = ("group", "batch")
+TASK_SAMPLING = ("uniform", "learnability")
+"""The choices of ``algo.task_sampling``."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,11 @@ class AlgoConfig:
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: the buffer drops a group whose rewards are all equal (no learning
     signal) and admits another task in its place."""
+    task_sampling: str = "uniform"
+    """Which task each new group trains on: ``uniform`` (the task stream's next) or
+    ``learnability`` (of 8 candidate tasks, one drawn in proportion to its family's chance of
+    a reward spread in its last groups: GRPO learns only from those; before generating, where
+    dynamic sampling drops after; ``trainers/curriculum.py``)."""
     keep_per_group: int | None = None
     """Down-sampling (PODS, Xu et al., 2025): of each group's ``env.group_size`` episodes the
     learner trains only this many, those whose rewards vary the most (the lowest and highest
@@ -226,6 +234,7 @@ class AlgoConfig:
         _choose("baseline", self.baseline, _BASELINES)
         _choose("std_scope", self.std_scope, _STD_SCOPES)
         _choose("shuffle_scope", self.shuffle_scope, _STD_SCOPES)
+        _choose("task_sampling", self.task_sampling, TASK_SAMPLING)
         _choose("behavior_imp_mode", self.behavior_imp_mode, IMP_MODES)
         _choose("behavior_imp_level", self.behavior_imp_level, IMP_LEVELS)
         _choose("behavior_imp_agg", self.behavior_imp_agg, IMP_AGGS)

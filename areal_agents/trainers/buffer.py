@@ -53,10 +53,11 @@ import bisect
 import heapq
 import itertools
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from areal_agents.errors import ConfigError
+from areal_agents.trainers.curriculum import LearnabilitySampler
 from areal_agents.trainers.data import TaskRef, TaskStream
 from areal_agents.trainers.groups import Group, trajectory_from_dict, trajectory_to_dict
 from areal_agents.types import Trajectory
@@ -88,6 +89,9 @@ class TrajectoryBuffer:
             task is admitted past it, so nothing is generated that would never be trained and a
             run ends with every admitted group trained (a dropped or filtered group releases
             its slot). Sync and async then train the same tasks. None: no limit.
+        task_families: the family of the task a seed draws; given, each new task is chosen
+            among candidates by its family's chance of a reward spread
+            (``algo.task_sampling=learnability``: :mod:`~areal_agents.trainers.curriculum`).
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class TrajectoryBuffer:
         dynamic_sampling: bool = False,
         batch_order: BatchOrder = "ready",
         total_groups: int | None = None,
+        task_families: Callable[[int], str] | None = None,
     ) -> None:
         if groups_per_step < 1:
             raise ConfigError(f"groups_per_step={groups_per_step}: must be at least 1")
@@ -114,6 +119,9 @@ class TrajectoryBuffer:
         self.max_staleness = max_staleness
         self.dynamic_sampling = dynamic_sampling
         self.stream = TaskStream(data_seed)
+        self.sampler = (
+            LearnabilitySampler(task_families, data_seed=data_seed) if task_families else None
+        )
         self.version = 0
         self.trained_groups = 0
         self.closed = False
@@ -156,7 +164,7 @@ class TrajectoryBuffer:
             return []
         out: list[tuple[TaskRef, int]] = []
         for _ in range(min(max_tasks, self.capacity())):
-            ref = self._redo.pop(0) if self._redo else self.stream.next()
+            ref = self._redo.pop(0) if self._redo else self._new_task()
             self._inflight[ref.index] = (ref, self.version)
             if holder is not None:
                 self._holder[ref.index] = holder
@@ -164,6 +172,11 @@ class TrajectoryBuffer:
             self.counters["admitted_groups"] += 1
             out.append((ref, self.version))
         return out
+
+    def _new_task(self) -> TaskRef:
+        """The stream's next task, or the one the sampler chooses for its index."""
+        ref = self.stream.next()
+        return self.sampler.choose(ref) if self.sampler else ref
 
     def complete(
         self,
@@ -188,11 +201,13 @@ class TrajectoryBuffer:
         deadline = version + self.max_staleness
         self.counters["dropped_episodes"] += dropped_episodes
         self.counters["finished_episodes"] += len(trajectories)
+        rewards = [t.reward for t in trajectories]
+        if self.sampler is not None:
+            self.sampler.record(ref.seed, rewards)
         if not trajectories:
             self.counters["dropped_groups"] += 1
             self._unindex(index, deadline)
             return "dropped"
-        rewards = [t.reward for t in trajectories]
         if self.dynamic_sampling and len(set(rewards)) == 1:
             self.counters["filtered_groups"] += 1
             self._unindex(index, deadline)
@@ -418,6 +433,7 @@ class TrajectoryBuffer:
                 statistics.fmean(self.version - g.admitted_version for g in ready) if ready else 0.0
             ),
             **{f"buffer/{k}": float(v) for k, v in self.counters.items()},
+            **(self.sampler.stats() if self.sampler else {}),
         }
 
     # ---- checkpointing ---------------------------------------------------------------------
@@ -436,6 +452,7 @@ class TrajectoryBuffer:
             "redo": [{"index": r.index, "seed": r.seed} for r in redo],
             "ready": [self._ready[i].to_dict() for i in sorted(self._ready)],
             "counters": dict(self.counters),
+            **({"sampler": self.sampler.state_dict()} if self.sampler else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -452,6 +469,8 @@ class TrajectoryBuffer:
             self._index(i, deadline)
             self._ready_by_deadline.setdefault(deadline, []).append(i)
         self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state.get("sampler", {}))
 
 
 def _remove(lists: dict[int, list[int]], key: int, index: int) -> None:

@@ -19,6 +19,7 @@ from areal_agents.files import write_json
 from areal_agents.trainers.buffer import Group
 from areal_agents.trainers.checkpoint import CheckpointManager, save_rng
 from areal_agents.trainers.config import TrainConfig
+from areal_agents.trainers.curriculum import EnvFamilies
 from areal_agents.trainers.inference import server_alive, stop_servers
 from areal_agents.trainers.learner_group import LearnerGroup
 from areal_agents.trainers.placement import Placement
@@ -66,7 +67,22 @@ def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
         "batch_order": cfg.trainer.batch_order,
         # nothing is admitted that the run would never train (the last steps drain the rest)
         "total_groups": cfg.trainer.total_steps * cfg.trainer.groups_per_step,
+        "task_families": task_families(cfg),
     }
+
+
+def task_families(cfg: TrainConfig) -> EnvFamilies | None:
+    """What ``algo.task_sampling=learnability`` rates tasks by (None for ``uniform``), tried on
+    one seed here, so that an environment that cannot name its tasks before a reset fails now
+    with a :class:`~areal_agents.errors.ConfigError`, not in the buffer's process."""
+    if cfg.algo.task_sampling != "learnability":
+        return None
+    families = EnvFamilies(cfg.env.name, dict(cfg.env.make_kwargs()))
+    try:
+        families(cfg.trainer.seed)
+    finally:
+        families.close()
+    return families
 
 
 def checkpoint_due(step: int, cfg: TrainConfig, since_last_s: float = 0.0) -> bool:

@@ -408,6 +408,8 @@ COVERED: dict[str, str] = {
     "algo.dynamic_sampling": (
         TRAINER + "test_batch_order_seed_and_dynamic_sampling_reach_the_buffer"
     ),
+    "algo.task_sampling": "tests/trainers/test_curriculum.py::"
+    "test_task_sampling_changes_the_tasks_the_buffer_admits_and_resumes_them",
     "algo.keep_per_group": "test_keep_per_group_trains_each_groups_most_varied_rewards",
     "algo.overlong_buffer": "test_overlong_buffer_and_penalty_shape_the_reward",
     "algo.overlong_penalty": "test_overlong_buffer_and_penalty_shape_the_reward",
