@@ -42,7 +42,7 @@ class FamilyRow:
 
 
 def _family(task_id: str) -> str:
-    from areal_agents.trainers.held_out import task_family
+    from areal_agents.trainers.data import task_family
 
     return task_family(task_id) or task_id
 

@@ -6,7 +6,7 @@ never solves has advantages of 0 everywhere and trains nothing. Dynamic sampling
 (``algo.dynamic_sampling``) drops such groups after generating them. ``learnability`` sampling
 chooses before generating, as prioritized level replay (Jiang et al., 2021) and learnability
 sampling (Tzannetos et al., 2023; Foster and Foerster, 2025) do: each task family (generator
-template, :func:`~areal_agents.trainers.held_out.task_family`; a task without one is its own
+template, :func:`~areal_agents.trainers.data.task_family`; a task without one is its own
 family) is rated by the chance that a group of it carries a signal, read from its last
 :data:`WINDOW` finished groups with Laplace's rule, ``(groups with a spread + 1) / (groups +
 2)`` (an unseen family: 1/2), and each new task is one of :data:`CANDIDATES` seeds drawn for
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from areal_agents.trainers.data import TaskRef, task_id_of, task_seed
+from areal_agents.trainers.data import TaskRef, task_family, task_id_of, task_seed
 
 __all__ = ["CANDIDATES", "WINDOW", "EnvFamilies", "LearnabilitySampler"]
 
@@ -72,7 +72,6 @@ class EnvFamilies:
 
     def __call__(self, seed: int) -> str:
         from areal_agents.envs.registry import make_env
-        from areal_agents.trainers.held_out import task_family
 
         if self._env is None:
             self._env = make_env(self.env_name, **self.env_kwargs)

@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ import numpy as np
 
 from areal_agents.errors import ConfigError
 
-__all__ = ["TaskRef", "TaskStream", "avoid_tasks", "task_id_of", "task_seed"]
+__all__ = ["TaskRef", "TaskStream", "avoid_tasks", "task_family", "task_id_of", "task_seed"]
 
 
 def task_seed(data_seed: int, index: int) -> int:
@@ -106,3 +107,28 @@ def avoid_tasks(env: Any, seed: int, excluded: Collection[str], tries: int = 100
         f"{tries} seeds in a row drew held-out tasks: the environment has too few distinct "
         "tasks for eval.held_out_tasks; lower it (or 0)"
     )
+
+
+#: The number that ends a source's name where it names one instance of a generator (``kb7``).
+_INSTANCE_NUMBER = re.compile(r"(?<=[A-Za-z])\d+$")
+
+
+def task_family(task_id: str) -> str | None:
+    """The family (generator template) of a task, read from its id: the procedural sources
+    name their tasks ``<source>/<template>/<instance>`` (``gen/count_words/17``,
+    ``rg/basic_arithmetic/3``), whose family is ``<source>/<template>``. A source named with a
+    number at its end is one instance of a generator, not a template: ``search`` builds a
+    knowledge base per task (``kb1016164991/birth_currency/person-36``), and its questions'
+    family is the relation they ask for, whatever the base (``kb/birth_currency``). None for an
+    id of fewer parts (``HumanEval/12``, a JSONL file's ``name/7``): such a task is a family
+    of its own.
+
+    >>> task_family("gen/count_words/1099128568"), task_family("HumanEval/12")
+    ('gen/count_words', None)
+    >>> task_family("kb1016164991/city_capital/city-13")
+    'kb/city_capital'"""
+    parts = task_id.split("/")
+    if len(parts) < 3 or not all(parts):
+        return None
+    source = _INSTANCE_NUMBER.sub("", parts[0])  # a letter stays before the number
+    return "/".join([source, *parts[1:-1]])

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import shutil
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -31,7 +30,7 @@ from areal_agents.errors import ConfigError
 from areal_agents.files import read_json, read_jsonl
 from areal_agents.stats import PairedComparison, compare_paired
 from areal_agents.trainers.config import TrainConfig
-from areal_agents.trainers.data import task_id_of
+from areal_agents.trainers.data import task_family, task_id_of
 
 __all__ = [
     "DEMONSTRATION_SIDES",
@@ -145,31 +144,6 @@ def task_successes(directory: Path) -> dict[int, bool] | None:
         index = int(record["task_index"])
         out[index] = out.get(index, False) or float(record["reward"]) >= threshold
     return out
-
-
-#: The number that ends a source's name where it names one instance of a generator (``kb7``).
-_INSTANCE_NUMBER = re.compile(r"(?<=[A-Za-z])\d+$")
-
-
-def task_family(task_id: str) -> str | None:
-    """The family (generator template) of a task, read from its id: the procedural sources
-    name their tasks ``<source>/<template>/<instance>`` (``gen/count_words/17``,
-    ``rg/basic_arithmetic/3``), whose family is ``<source>/<template>``. A source named with a
-    number at its end is one instance of a generator, not a template: ``search`` builds a
-    knowledge base per task (``kb1016164991/birth_currency/person-36``), and its questions'
-    family is the relation they ask for, whatever the base (``kb/birth_currency``). None for an
-    id of fewer parts (``HumanEval/12``, a JSONL file's ``name/7``): such a task is a family
-    of its own.
-
-    >>> task_family("gen/count_words/1099128568"), task_family("HumanEval/12")
-    ('gen/count_words', None)
-    >>> task_family("kb1016164991/city_capital/city-13")
-    'kb/city_capital'"""
-    parts = task_id.split("/")
-    if len(parts) < 3 or not all(parts):
-        return None
-    source = _INSTANCE_NUMBER.sub("", parts[0])  # a letter stays before the number
-    return "/".join([source, *parts[1:-1]])
 
 
 def task_families(directory: Path) -> dict[int, str]:

@@ -30,8 +30,7 @@ from typing import Any
 from areal_agents.envs.registry import make_env
 from areal_agents.files import write_json
 from areal_agents.trainers.config import TrainConfig
-from areal_agents.trainers.data import task_id_of
-from areal_agents.trainers.held_out import task_family
+from areal_agents.trainers.data import task_family, task_id_of
 from areal_agents.types import Message as TypedMessage
 
 __all__ = [
