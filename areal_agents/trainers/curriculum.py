@@ -59,10 +59,7 @@ class EnvFamilies:
         self._env: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"env_name": self.env_name, "env_kwargs": dict(self.env_kwargs)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.env_name, self.env_kwargs, self._env = state["env_name"], state["env_kwargs"], None
+        return {**self.__dict__, "_env": None}  # the environment is made again where unpickled
 
     def close(self) -> None:
         """Close the environment made on first use (a later call makes another)."""
