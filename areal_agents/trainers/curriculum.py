@@ -36,7 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from areal_agents.trainers.data import TaskRef, task_family, task_id_of, task_seed
+from areal_agents.trainers.data import (
+    TaskRef,
+    avoid_tasks,
+    task_family,
+    task_id_of,
+    task_seed,
+)
 
 __all__ = ["CANDIDATES", "WINDOW", "EnvFamilies", "LearnabilitySampler"]
 
@@ -48,12 +54,17 @@ WINDOW = 8
 
 @dataclasses.dataclass
 class EnvFamilies:
-    """The family of the task ``env.reset(seed=seed)`` draws, without a reset (the environment's
-    ``sample_task``: :func:`~areal_agents.trainers.data.task_id_of`); picklable, so that the
-    buffer's process makes its own environment on first use."""
+    """The family of the task a rollout worker plays for seed ``seed``, without a reset (the
+    environment's ``sample_task``: :func:`~areal_agents.trainers.data.task_id_of`); picklable,
+    so that the buffer's process makes its own environment on first use.
+
+    ``excluded``: the held-out task ids the workers keep out of training; a seed that draws one
+    is played as the derived seed :func:`~areal_agents.trainers.data.avoid_tasks` gives, so its
+    family is that task's, the one the group's rewards are about."""
 
     env_name: str
     env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    excluded: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self._env: Any = None
@@ -72,7 +83,7 @@ class EnvFamilies:
 
         if self._env is None:
             self._env = make_env(self.env_name, **self.env_kwargs)
-        task_id = task_id_of(self._env, seed)
+        task_id = task_id_of(self._env, avoid_tasks(self._env, seed, self.excluded))
         return task_family(task_id) or task_id
 
 

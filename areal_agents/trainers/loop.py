@@ -212,7 +212,7 @@ def _train(cfg: TrainConfig, lost_at: float | None = None) -> dict[str, Any]:
             buffer = (  # on the driver's node: it lives as long as the run
                 remote_class(TrajectoryBuffer)
                 .options(num_cpus=0, scheduling_strategy=here)
-                .remote(**buffer_options(cfg))
+                .remote(**buffer_options(cfg, held_out))
             )
             base = None
             served_dir = shared_dir  # what a restarted server loads before its weights

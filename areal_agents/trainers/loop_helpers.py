@@ -57,8 +57,9 @@ def check_env(cfg: TrainConfig) -> None:
         check_cpus(cfg.inference.cpus, "inference.cpus")
 
 
-def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
-    """The :class:`TrajectoryBuffer` the run's config asks for, as keyword arguments."""
+def buffer_options(cfg: TrainConfig, held_out: frozenset[str] | None = None) -> dict[str, Any]:
+    """The :class:`TrajectoryBuffer` the run's config asks for, as keyword arguments
+    (``held_out``: the task ids the rollout workers keep out of training)."""
     return {
         "groups_per_step": cfg.trainer.groups_per_step,
         "max_staleness": cfg.trainer.effective_max_staleness,
@@ -67,17 +68,18 @@ def buffer_options(cfg: TrainConfig) -> dict[str, Any]:
         "batch_order": cfg.trainer.batch_order,
         # nothing is admitted that the run would never train (the last steps drain the rest)
         "total_groups": cfg.trainer.total_steps * cfg.trainer.groups_per_step,
-        "task_families": task_families(cfg),
+        "task_families": task_families(cfg, held_out),
     }
 
 
-def task_families(cfg: TrainConfig) -> EnvFamilies | None:
+def task_families(cfg: TrainConfig, held_out: frozenset[str] | None = None) -> EnvFamilies | None:
     """What ``algo.task_sampling=learnability`` rates tasks by (None for ``uniform``), tried on
     one seed here, so that an environment that cannot name its tasks before a reset fails now
-    with a :class:`~areal_agents.errors.ConfigError`, not in the buffer's process."""
+    with a :class:`~areal_agents.errors.ConfigError`, not in the buffer's process.
+    ``held_out``: the task ids the workers replace (a seed is rated under the task played)."""
     if cfg.algo.task_sampling != "learnability":
         return None
-    families = EnvFamilies(cfg.env.name, dict(cfg.env.make_kwargs()))
+    families = EnvFamilies(cfg.env.name, dict(cfg.env.make_kwargs()), held_out or frozenset())
     try:
         families(cfg.trainer.seed)
     finally:

@@ -113,3 +113,29 @@ def test_task_sampling_is_checked_and_needs_tasks_named_before_a_reset(
     cfg = load_config(TrainConfig, ["env=calculator", "algo.task_sampling=learnability"])
     with pytest.raises(ConfigError, match="sample_task"):
         buffer_options(cfg)
+
+
+def test_a_held_out_seed_is_rated_under_the_task_the_workers_play_instead() -> None:
+    from areal_agents.envs.registry import make_env
+    from areal_agents.trainers.data import avoid_tasks, task_family, task_id_of
+
+    env = make_env("code_sandbox")
+    seeds = [task_seed(0, i) for i in range(64)]
+    held = frozenset(task_id_of(env, s) for s in seeds[:32])
+    played = [avoid_tasks(env, s, held) for s in seeds[:32]]
+    moved = [(s, p) for s, p in zip(seeds, played, strict=False) if p != s]
+    # a seed whose replacement is of another template, so the two ratings differ
+    seed, stand_in = next(
+        (s, p)
+        for s, p in moved
+        if task_family(task_id_of(env, s)) != task_family(task_id_of(env, p))
+    )
+    env.close()
+    plain, guarded = EnvFamilies("code_sandbox"), EnvFamilies("code_sandbox", excluded=held)
+    assert guarded(seed) == plain(stand_in) != plain(seed)
+    assert guarded(seeds[40]) == plain(seeds[40])  # a seed nobody holds out is its own task
+    cfg = load_config(TrainConfig, ["env=code_sandbox", "algo.task_sampling=learnability"])
+    families = buffer_options(cfg, held)["task_families"]
+    assert families is not None and families.excluded == held
+    for f in (plain, guarded, families):
+        f.close()
