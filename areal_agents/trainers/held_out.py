@@ -113,6 +113,7 @@ def evaluate(
         num_episodes=cfg.eval.held_out_tasks if tasks is None else tasks,
         samples_per_task=1,
         seed=cfg.eval.seed + first,
+        concurrency=cfg.eval.concurrency,
         output_dir=str(directory),
         progress=cfg.log.progress,
     )

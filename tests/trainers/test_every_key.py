@@ -465,6 +465,8 @@ COVERED: dict[str, str] = {
     "trainer.time_budget_s": "tests/test_train.py",
     "eval.held_out_tasks": "tests/trainers/test_held_out.py",
     "eval.seed": "tests/trainers/test_held_out.py",
+    "eval.concurrency": "tests/trainers/test_held_out.py::"
+    "test_eval_concurrency_is_how_many_held_out_episodes_play_at_once",
     "eval.before": "tests/test_train.py",
     "eval.temperature": "tests/test_train.py",
     "eval.validation_tasks": "tests/trainers/test_selection.py",
