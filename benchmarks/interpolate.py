@@ -13,8 +13,12 @@ exactly as the run's own evaluation scored them (``trainers.held_out.evaluate`` 
     python -m benchmarks.interpolate runs/rl_gain_norm/code_sandbox-seed0/norm_default --alpha 0.5
 
 ``--alpha 1`` re-scores the run's own final weights (a check that this path reproduces the run's
-evaluation). Results: ``<run>/interpolated/alpha<A>/`` (the weights and the evaluation) and one
-entry per run and alpha in ``benchmarks/results/interpolate.json``.
+evaluation); ``alpha > 1`` extrapolates past them (ExPO, Zheng et al., 2024: the update's
+direction kept, its length scaled up). Each mix is also scored on the run's validation tasks
+(``eval.validation_tasks``, the ones that choose a run's final policy), so that whether the
+choice would take it is measured too. Results: ``<run>/interpolated/alpha<A>/`` (the weights,
+``eval`` and ``validation``) and one entry per run and alpha in
+``benchmarks/results/interpolate.json``.
 """
 
 from __future__ import annotations
@@ -96,8 +100,14 @@ def score(run: Path, alpha: float) -> dict[str, Any]:
     )
     save_file(mixed, str(model / "model.safetensors"), metadata={"format": "pt"})
     started = time.time()
+    tasks, first = cfg.eval.validation_count, cfg.eval.held_out_tasks
     with BuiltinServer(str(model), served_model_name="policy") as server:
         result = evaluate(cfg, server.base_url, "policy", out / "eval")
+        validation = (
+            evaluate(cfg, server.base_url, "policy", out / "validation", tasks=tasks, first=first)
+            if tasks
+            else {}
+        )
     before = before_dir(run)  # the run's split, where its warm start left families out
     held_out = paired(before, out / "eval", cfg.warm_start.exclude_families)
     if held_out is None:
@@ -108,6 +118,7 @@ def score(run: Path, alpha: float) -> dict[str, Any]:
         "start": str(start_dir),
         "end": str(end_dir),
         "success": result.get("success"),
+        "validation_success": validation.get("success"),
         "held_out": held_out,
         "eval_s": round(time.time() - started, 1),
     }

@@ -15,6 +15,7 @@ def test_the_mix_is_the_start_plus_alpha_times_the_change_in_each_tensors_dtype(
     end = {"a": torch.tensor([3.0, 2.0]), "b": torch.tensor([0.0], dtype=torch.bfloat16)}
     assert interpolate(start, end, 0.0)["a"].tolist() == [1.0, -2.0]
     assert interpolate(start, end, 1.0)["a"].tolist() == [3.0, 2.0]
+    assert interpolate(start, end, 2.0)["a"].tolist() == [5.0, 6.0]  # past the end (ExPO)
     quarter = interpolate(start, end, 0.25)
     assert quarter["a"].tolist() == [1.5, -1.0]
     assert quarter["b"].dtype == torch.bfloat16 and quarter["b"].tolist() == [3.0]
