@@ -123,7 +123,7 @@ def test_a_held_out_seed_is_rated_under_the_task_the_workers_play_instead() -> N
     seeds = [task_seed(0, i) for i in range(64)]
     held = frozenset(task_id_of(env, s) for s in seeds[:32])
     played = [avoid_tasks(env, s, held) for s in seeds[:32]]
-    moved = [(s, p) for s, p in zip(seeds, played, strict=False) if p != s]
+    moved = [(s, p) for s, p in zip(seeds[:32], played, strict=True) if p != s]
     # a seed whose replacement is of another template, so the two ratings differ
     seed, stand_in = next(
         (s, p)
